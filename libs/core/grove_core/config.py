@@ -1,0 +1,42 @@
+"""The AgentGrove config file (YAML): resource limits and, later, subagent profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+
+from grove_events import GlobalLimits, Model, ResourceLimits
+
+#: Limits used when the config file sets none.
+DEFAULT_LIMITS = ResourceLimits(**{"global": GlobalLimits(max_concurrent_agents=64)})
+
+
+class ConfigError(ValueError):
+    """The config file is missing, not YAML, or does not match the schema."""
+
+
+class GroveConfig(Model):
+    """Everything the config file may hold."""
+
+    resources: ResourceLimits = Field(default_factory=lambda: DEFAULT_LIMITS)
+
+
+def load_config(path: Path | None) -> GroveConfig:
+    """Read the config file; no file means the defaults."""
+    if path is None:
+        return GroveConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    try:
+        return GroveConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"config file {path}: {problems}") from None

@@ -1,0 +1,475 @@
+"""The event log: the GROVE JetStream stream, appended to and read back.
+
+Appends are idempotent (`Nats-Msg-Id = event_id`) and may be guarded by an expected per-subject
+sequence, so that where exactly one decision may win, the loser learns it lost. Reading is
+either a replay with an ordered consumer (fast, from any sequence) or durable work with explicit
+acks shared by the replicas of a service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from grove_events import (
+    GROVE_STREAM,
+    Event,
+    InvalidEvent,
+    StreamDefinition,
+    deadletter_subject,
+    decode,
+    encode,
+    subject_for,
+)
+
+log = logging.getLogger(__name__)
+
+#: JetStream's error code for "wrong last sequence": someone else wrote first.
+WRONG_LAST_SEQUENCE = 10071
+EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
+
+
+class LogError(RuntimeError):
+    """The log could not be reached or refused an operation; the message says what to do."""
+
+
+class ConcurrencyConflict(LogError):
+    """An append guarded by an expected sequence lost: someone else decided first."""
+
+    def __init__(self, subject: str, expected: int) -> None:
+        super().__init__(f"{subject}: the last sequence is no longer {expected}")
+        self.subject = subject
+        self.expected = expected
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an append landed; `duplicate` when the same event_id was already stored."""
+
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A message as stored on the stream, not yet decoded."""
+
+    seq: int
+    subject: str
+    data: bytes
+    timestamp: datetime
+    headers: dict[str, str] | None = None
+    #: For a consumer's delivery: how many messages matching it were still behind this one.
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A decoded event with its place in the log."""
+
+    seq: int
+    subject: str
+    event: Event
+
+
+def _stream_time(value: datetime) -> datetime:
+    # Two read paths (push metadata, direct get) parse the server time differently; whole
+    # milliseconds make every replay decode to the same timestamp.
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def decode_record(record: RawRecord) -> Recorded:
+    """Decode a stored message (raises InvalidEvent)."""
+    event = decode(record.subject, record.data, record.timestamp)
+    return Recorded(record.seq, record.subject, event)
+
+
+def is_deadletter(subject: str) -> bool:
+    """Dead-letter records share the stream but are not events."""
+    return subject.startswith("grove.deadletter.")
+
+
+def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamConfig:
+    """The JetStream configuration of the GROVE stream."""
+    return js_api.StreamConfig(
+        name=definition.name,
+        subjects=list(definition.subjects),
+        storage=js_api.StorageType(definition.storage),
+        duplicate_window=definition.duplicate_window_s,
+        max_bytes=definition.max_bytes,
+        max_msgs=definition.max_msgs,
+        discard=js_api.DiscardPolicy(definition.discard),
+        num_replicas=definition.replicas,
+        allow_direct=True,
+    )
+
+
+class EventLog:
+    """Appends to and reads from the GROVE stream over one NATS connection."""
+
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, definition: StreamDefinition = GROVE_STREAM
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.definition = definition
+        self.stream = definition.name
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str = "agentgrove",
+        definition: StreamDefinition = GROVE_STREAM,
+        connect_timeout: float = 5.0,
+        **options: Any,
+    ) -> EventLog:
+        """Connect to NATS; raises LogError with the URL when nothing answers there."""
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        try:
+            nc = await nats.connect(
+                servers,
+                name=name,
+                connect_timeout=connect_timeout,
+                allow_reconnect=options.pop("allow_reconnect", True),
+                max_reconnect_attempts=options.pop("max_reconnect_attempts", -1),
+                **options,
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            raise LogError(
+                f"cannot reach NATS at {url} ({exc.__class__.__name__}); start the stack with "
+                "`grove up` or set GROVE_NATS_URL"
+            ) from None
+        return cls(nc, nc.jetstream(timeout=10.0), definition)
+
+    async def close(self) -> None:
+        """Flush pending publishes and close the connection."""
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    async def ensure_stream(self) -> js_api.StreamInfo:
+        """Create the stream, or update it to the definition (used by set-up, not by services)."""
+        config = stream_config(self.definition)
+        try:
+            return await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            return await self.js.update_stream(config)
+
+    async def wait_for_stream(self, timeout: float = 30.0) -> js_api.StreamInfo:
+        """Bind to the stream, waiting for set-up to create it; services never redefine it."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                return await self.js.stream_info(self.stream)
+            except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise LogError(
+                        f"stream {self.stream} does not exist; run `grove up` or the "
+                        "stream set-up job first"
+                    ) from None
+                await asyncio.sleep(0.2)
+
+    async def last_seq(self) -> int:
+        """The sequence of the newest message in the stream (0 when empty)."""
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    # -- appending -----------------------------------------------------------------------
+
+    @staticmethod
+    def _headers(
+        event: Event, expect_last_seq: int | None, expect_subject: str | None
+    ) -> dict[str, str]:
+        headers = {js_api.Header.MSG_ID.value: event.event_id}
+        if expect_last_seq is not None:
+            headers[js_api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expect_last_seq)
+            if expect_subject is not None:
+                headers[EXPECTED_SUBJECT_HEADER] = expect_subject
+        return headers
+
+    async def append(
+        self,
+        event: Event,
+        *,
+        expect_last_seq: int | None = None,
+        expect_subject: str | None = None,
+    ) -> Appended:
+        """Append one event; a retry with the same event_id is stored once.
+
+        With `expect_last_seq`, the append succeeds only if the last message on the event's
+        subject (or on `expect_subject`, which may hold wildcards) has that sequence (0: none);
+        otherwise ConcurrencyConflict is raised.
+        """
+        subject = subject_for(event.type, event.agent_id)
+        headers = self._headers(event, expect_last_seq, expect_subject)
+        try:
+            ack = await self.js.publish(subject, encode(event), headers=headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise ConcurrencyConflict(expect_subject or subject, expect_last_seq or 0) from None
+            raise LogError(f"the log refused {subject}: {exc.description}") from None
+        except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+            raise LogError(
+                f"no acknowledgement from stream {self.stream} for {subject} "
+                f"({exc.__class__.__name__}); retry: the append is idempotent"
+            ) from None
+        return Appended(int(ack.seq), bool(ack.duplicate))
+
+    async def append_many(self, events: Iterable[Event]) -> list[Appended]:
+        """Append many events pipelined (`publish_async`), in order; each stored once."""
+        futures = []
+        for event in events:
+            subject = subject_for(event.type, event.agent_id)
+            futures.append(
+                await self.js.publish_async(
+                    subject, encode(event), headers=self._headers(event, None, None)
+                )
+            )
+        acks = await asyncio.gather(*futures)
+        return [Appended(int(a.seq), bool(a.duplicate)) for a in acks]
+
+    async def record_invalid(self, record: RawRecord, error: InvalidEvent, service: str) -> bool:
+        """Record an invalid message on `grove.deadletter.<kind>.<seq>`, once whoever asks.
+
+        Returns True when this call recorded it, False when it was already recorded.
+        """
+        subject = deadletter_subject(error.kind, record.seq)
+        body = {
+            "source_seq": record.seq,
+            "subject": record.subject,
+            "error": error.reason,
+            "recorded_by": service,
+            "data": record.data[:65536].decode("utf-8", errors="replace"),
+        }
+        headers = {
+            js_api.Header.MSG_ID.value: f"deadletter-{record.seq}",
+            js_api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0",
+        }
+        try:
+            ack = await self.js.publish(subject, json.dumps(body).encode(), headers=headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        return not ack.duplicate
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def get_last(self, subject: str) -> RawRecord | None:
+        """The newest message on a subject (wildcards allowed), or None."""
+        try:
+            raw = await self.js.get_last_msg(self.stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        return RawRecord(
+            seq=int(raw.seq or 0),
+            subject=str(raw.subject),
+            data=raw.data or b"",
+            timestamp=_stream_time(raw.time or datetime.now(UTC)),
+            headers=dict(raw.headers or {}),
+        )
+
+    async def read(
+        self,
+        from_seq: int = 1,
+        *,
+        subjects: str | list[str] = "grove.>",
+        until_seq: int | None = None,
+        follow: bool = False,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[RawRecord]:
+        """Replay the stream from `from_seq` with an ordered consumer.
+
+        Without `follow`, stops at the last message present when called (or `until_seq`).
+        With `follow`, goes on with new messages forever (until the caller stops iterating),
+        or until nothing arrives for `idle_timeout` seconds.
+        """
+        if until_seq is None and not follow:
+            until_seq = await self.last_seq()
+            if until_seq < from_seq:
+                return
+        filters = [subjects] if isinstance(subjects, str) else list(subjects)
+        config = js_api.ConsumerConfig(
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(from_seq, 1),
+            filter_subjects=filters if len(filters) > 1 else None,
+        )
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def on_message(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.js.subscribe(
+            filters[0],
+            cb=on_message,
+            stream=self.stream,
+            ordered_consumer=True,
+            config=config,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        try:
+            while True:
+                if idle_timeout is not None or until_seq is not None:
+                    timeout = idle_timeout if idle_timeout is not None else 10.0
+                    try:
+                        msg = await asyncio.wait_for(queue.get(), timeout)
+                    except TimeoutError:
+                        if until_seq is not None and await self.last_seq() < until_seq:
+                            return  # messages were removed from the stream meanwhile
+                        if idle_timeout is not None:
+                            return
+                        continue
+                else:
+                    msg = await queue.get()
+                meta = msg.metadata
+                seq = int(meta.sequence.stream)
+                yield RawRecord(
+                    seq=seq,
+                    subject=msg.subject,
+                    data=msg.data,
+                    timestamp=_stream_time(meta.timestamp),
+                    headers=msg.headers,
+                    pending=int(meta.num_pending),
+                )
+                if until_seq is not None and seq >= until_seq:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def events(
+        self, from_seq: int = 1, **kwargs: Any
+    ) -> AsyncIterator[Recorded | tuple[RawRecord, InvalidEvent]]:
+        """Like `read`, decoded; invalid messages come as (record, error), dead letters skipped."""
+        async for record in self.read(from_seq, **kwargs):
+            if is_deadletter(record.subject):
+                continue
+            try:
+                yield decode_record(record)
+            except InvalidEvent as exc:
+                yield record, exc
+
+    async def wait_for(
+        self, subject: str, timeout: float | None = None
+    ) -> Recorded:
+        """The first valid event on `subject` (past or future); TimeoutError after `timeout`."""
+
+        async def first() -> Recorded:
+            async for item in self.events(1, subjects=subject, follow=True):
+                if isinstance(item, Recorded):
+                    return item
+            raise LogError(f"stopped reading {subject}")
+
+        return await asyncio.wait_for(first(), timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message from a durable consumer, to be acknowledged by its handler."""
+
+    record: RawRecord
+    msg: Msg
+    num_delivered: int
+
+    async def ack(self) -> None:
+        """Done with it: it will not be delivered again."""
+        await self.msg.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Not done: deliver again (after `delay` seconds)."""
+        await self.msg.nak(delay=delay)
+
+    async def in_progress(self) -> None:
+        """Still working on it: reset the ack timer."""
+        await self.msg.in_progress()
+
+
+class DurableConsumer:
+    """A durable pull consumer shared by the replicas of one service, acks explicit."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        durable: str,
+        filter_subject: str,
+        *,
+        ack_wait: float = 30.0,
+        batch: int = 64,
+    ) -> None:
+        self.log = log
+        self.durable = durable
+        self.filter_subject = filter_subject
+        self.ack_wait = ack_wait
+        self.batch = batch
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    async def start(self) -> None:
+        """Create or bind the durable consumer."""
+        config = js_api.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=-1,
+            filter_subject=self.filter_subject,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            max_ack_pending=10_000,
+        )
+        self._sub = await self.log.js.pull_subscribe(
+            self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
+        )
+
+    async def run(
+        self, handle: Callable[[Delivery], Awaitable[None]], stop: asyncio.Event
+    ) -> None:
+        """Fetch and hand each message to `handle` until `stop` is set.
+
+        `handle` acks (or naks) each delivery; a handler that raises gets the message
+        redelivered after a short delay, never dropped.
+        """
+        if self._sub is None:
+            await self.start()
+        assert self._sub is not None
+        while not stop.is_set():
+            try:
+                msgs = await self._sub.fetch(self.batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                meta = msg.metadata
+                delivery = Delivery(
+                    RawRecord(
+                        seq=int(meta.sequence.stream),
+                        subject=msg.subject,
+                        data=msg.data,
+                        timestamp=_stream_time(meta.timestamp),
+                        headers=msg.headers,
+                    ),
+                    msg,
+                    int(meta.num_delivered),
+                )
+                try:
+                    await handle(delivery)
+                except Exception:
+                    log.exception("handler failed on %s seq %s", msg.subject, delivery.record.seq)
+                    with contextlib.suppress(Exception):
+                        await delivery.nak(delay=1.0)

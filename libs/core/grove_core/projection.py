@@ -1,0 +1,260 @@
+"""Projections: state folded from the log, stored in SQL with the sequence it has applied.
+
+A service's state is a fold of events (`evolve(state, recorded) -> state`, no I/O). The runner
+reads the log from checkpoint + 1, folds each event, and writes the rows that changed together
+with the new checkpoint in one transaction, in batches. An already-applied sequence is skipped,
+so a redelivery is harmless; an empty database replays from sequence 1 to the same state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, Self, TypeVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+
+from grove_core import metrics
+from grove_core.log import EventLog, Recorded, decode_record, is_deadletter
+from grove_events import InvalidEvent
+
+log = logging.getLogger(__name__)
+
+_meta = MetaData()
+checkpoints = Table(
+    "grove_checkpoints",
+    _meta,
+    Column("projection", String(64), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+)
+rows_table = Table(
+    "grove_projection_rows",
+    _meta,
+    Column("projection", String(64), primary_key=True),
+    Column("key", String(256), primary_key=True),
+    Column("data", JSON, nullable=False),
+)
+
+
+class FoldState(Protocol):
+    """What the runner needs of a service's state: which rows changed, and how to store them."""
+
+    def take_dirty(self) -> dict[str, dict[str, Any] | None]:
+        """Rows changed since the last call (key -> JSON-ready row, None = deleted)."""
+        ...
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:
+        """Rebuild the state from stored rows."""
+        ...
+
+
+S = TypeVar("S", bound=FoldState)
+
+
+@dataclass
+class KeyedState:
+    """A state kept as rows by key, with a record of which keys changed since the last flush.
+
+    Subclasses hold typed records and call `touch(key)` from their fold; `row(key)` gives what
+    to store for a key (None when it is gone).
+    """
+
+    dirty: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def touch(self, key: str) -> None:
+        """Mark a row as changed."""
+        self.dirty.add(key)
+
+    def row(self, key: str) -> dict[str, Any] | None:
+        """The stored form of one row; subclasses override."""
+        raise NotImplementedError
+
+    def take_dirty(self) -> dict[str, dict[str, Any] | None]:
+        """The changed rows, and forget that they changed."""
+        out = {key: self.row(key) for key in self.dirty}
+        self.dirty.clear()
+        return out
+
+
+class ProjectionStore:
+    """Checkpoint and rows of projections in one SQL database (SQLite by default)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
+        self.engine: Engine = create_engine(url, connect_args=connect_args)
+        if url.startswith("sqlite"):
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        _meta.create_all(self.engine)
+
+    def load(self, projection: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        """(checkpoint, rows) of a projection; (0, {}) when it has none."""
+        with self.engine.connect() as conn:
+            seq = conn.execute(
+                select(checkpoints.c.seq).where(checkpoints.c.projection == projection)
+            ).scalar()
+            rows = conn.execute(
+                select(rows_table.c.key, rows_table.c.data).where(
+                    rows_table.c.projection == projection
+                )
+            ).all()
+        decoded = {key: (json.loads(data) if isinstance(data, str) else data) for key, data in rows}
+        return int(seq or 0), decoded
+
+    def save(self, projection: str, seq: int, changed: dict[str, dict[str, Any] | None]) -> None:
+        """Write changed rows and the checkpoint in one transaction."""
+        with self.engine.begin() as conn:
+            if changed:
+                keys = list(changed)
+                for start in range(0, len(keys), 500):
+                    conn.execute(
+                        delete(rows_table).where(
+                            rows_table.c.projection == projection,
+                            rows_table.c.key.in_(keys[start : start + 500]),
+                        )
+                    )
+                live = [
+                    {"projection": projection, "key": key, "data": row}
+                    for key, row in changed.items()
+                    if row is not None
+                ]
+                if live:
+                    conn.execute(insert(rows_table), live)
+            updated = conn.execute(
+                update(checkpoints).where(checkpoints.c.projection == projection).values(seq=seq)
+            )
+            if updated.rowcount == 0:
+                conn.execute(insert(checkpoints).values(projection=projection, seq=seq))
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+
+Evolve = Callable[[S, Recorded], S]
+AfterEvent = Callable[[Recorded, bool], Awaitable[None]]
+CaughtUp = Callable[[], Awaitable[None]]
+
+
+class ProjectionRunner(Generic[S]):
+    """Folds the log into a state and keeps its projection and checkpoint in SQL.
+
+    `after_event(recorded, live)` runs after each event is folded, `live` once the runner has
+    caught up with what was in the log when it started; `caught_up` is set at that moment.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        log: EventLog,
+        store: ProjectionStore,
+        state_type: type[S],
+        evolve: Evolve[S],
+        after_event: AfterEvent | None = None,
+        on_caught_up: CaughtUp | None = None,
+        batch_size: int = 1000,
+        flush_interval: float = 0.25,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.store = store
+        self.state_type = state_type
+        self.evolve = evolve
+        self.after_event = after_event
+        self.on_caught_up = on_caught_up
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.caught_up = asyncio.Event()
+        self.applied_seq = 0
+        self.flushed_seq = 0
+        self.state: S = state_type.from_rows({})
+
+    def load(self) -> S:
+        """Load state and checkpoint from the store."""
+        seq, rows = self.store.load(self.name)
+        self.state = self.state_type.from_rows(rows)
+        self.applied_seq = self.flushed_seq = seq
+        return self.state
+
+    def flush(self) -> None:
+        """Write what changed since the last flush, with the checkpoint."""
+        if self.applied_seq == self.flushed_seq:
+            return
+        self.store.save(self.name, self.applied_seq, self.state.take_dirty())
+        self.flushed_seq = self.applied_seq
+        metrics.PROJECTION_SEQ.labels(self.name).set(self.applied_seq)
+
+    async def run(self) -> None:
+        """Replay from checkpoint + 1, then follow the log until cancelled (flushing then)."""
+        self.load()
+        started = time.perf_counter()
+        if await self.log.last_seq() <= self.applied_seq:
+            await self._mark_caught_up(started)
+        flusher = asyncio.create_task(self._flush_periodically())
+        try:
+            async for raw in self.log.read(self.applied_seq + 1, follow=True):
+                if raw.seq <= self.applied_seq:
+                    continue
+                live = self.caught_up.is_set()
+                if not is_deadletter(raw.subject):
+                    try:
+                        recorded = decode_record(raw)
+                    except InvalidEvent as exc:
+                        await self._dead_letter(raw, exc)
+                    else:
+                        self.state = self.evolve(self.state, recorded)
+                        metrics.EVENTS_APPLIED.labels(self.name).inc()
+                        if self.after_event is not None:
+                            await self.after_event(recorded, live)
+                self.applied_seq = raw.seq
+                if not live and raw.pending == 0:
+                    await self._mark_caught_up(started)
+                if self.applied_seq - self.flushed_seq >= self.batch_size:
+                    self.flush()
+        finally:
+            flusher.cancel()
+            self.flush()
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval)
+            try:
+                self.flush()
+            except Exception:
+                log.exception("%s: could not write the projection; will retry", self.name)
+
+    async def _mark_caught_up(self, started: float) -> None:
+        metrics.REPLAY_SECONDS.labels(self.name).set(time.perf_counter() - started)
+        self.flush()
+        self.caught_up.set()
+        log.info("%s caught up at seq %s", self.name, self.applied_seq)
+        if self.on_caught_up is not None:
+            await self.on_caught_up()
+
+    async def _dead_letter(self, raw: Any, exc: InvalidEvent) -> None:
+        metrics.DEADLETTERS.labels(self.name, exc.kind).inc()
+        log.warning("invalid message at seq %s on %s: %s", raw.seq, raw.subject, exc.reason)
+        try:
+            await self.log.record_invalid(raw, exc, self.name)
+        except Exception:
+            log.exception("could not record dead letter for seq %s", raw.seq)

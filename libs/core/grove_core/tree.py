@@ -1,0 +1,138 @@
+"""The agent tree as a pure fold of the log: who spawned whom, and where each agent stands.
+
+The router keeps it as its projection; `grove tree` folds it from a replay of the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Self
+
+from grove_core.log import Recorded
+from grove_core.projection import KeyedState
+from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
+
+#: Status types that say where an agent's lifecycle is (others are progress reports).
+LIFECYCLE_STATES = {
+    "queued": "queued",
+    "admitted": "admitted",
+    "started": "running",
+    "resumed": "running",
+    "paused": "paused",
+    "rejected": "rejected",
+}
+
+ENDED = frozenset({"completed", "failed", "stopped", "timeout", "cancelled", "rejected"})
+
+
+@dataclass(slots=True)
+class AgentNode:
+    """One agent as the tree shows it."""
+
+    agent_id: str
+    tree_id: str
+    parent: str | None
+    task: str
+    runtime: str
+    state: str = "spawning"
+    last_status: str = ""
+    summary: str = ""
+    error: str | None = None
+    children: list[str] = field(default_factory=list)
+    spawn_seq: int = 0
+    end_seq: int = 0
+    tokens: int = 0
+
+    @property
+    def ended(self) -> bool:
+        """Whether the agent has terminated."""
+        return self.state in ENDED
+
+
+@dataclass
+class TreeState(KeyedState):
+    """Every agent the log has named, by id."""
+
+    agents: dict[str, AgentNode] = field(default_factory=dict)
+
+    def row(self, key: str) -> dict[str, Any] | None:
+        node = self.agents.get(key)
+        return None if node is None else asdict(node)
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:
+        state = cls()
+        for key, row in sorted(rows.items(), key=lambda kv: kv[1].get("spawn_seq", 0)):
+            state.agents[key] = AgentNode(**row)
+        return state
+
+    def roots(self) -> list[AgentNode]:
+        """Agents without a parent (or whose parent the log does not know), in spawn order."""
+        return [n for n in self.agents.values() if n.parent is None or n.parent not in self.agents]
+
+    def subtree(self, agent_id: str) -> list[AgentNode]:
+        """The agent and all its descendants, depth first."""
+        out: list[AgentNode] = []
+        stack = [agent_id]
+        while stack:
+            node = self.agents.get(stack.pop())
+            if node is None:
+                continue
+            out.append(node)
+            stack.extend(reversed(node.children))
+        return out
+
+    def path(self, agent_id: str) -> list[str]:
+        """Ids from the root down to this agent."""
+        out: list[str] = []
+        current: str | None = agent_id
+        while current is not None and current in self.agents and current not in out:
+            out.append(current)
+            current = self.agents[current].parent
+        return list(reversed(out))
+
+
+def evolve(state: TreeState, recorded: Recorded) -> TreeState:
+    """Fold one event into the tree."""
+    event = recorded.event
+    if isinstance(event, SpawnEvent):
+        if event.agent_id in state.agents:
+            return state
+        parent = state.agents.get(event.parent) if event.parent else None
+        tree_id = event.tree_id or (parent.tree_id if parent else event.parent or event.agent_id)
+        state.agents[event.agent_id] = AgentNode(
+            agent_id=event.agent_id,
+            tree_id=tree_id,
+            parent=event.parent,
+            task=event.task,
+            runtime=event.config.runtime,
+            spawn_seq=recorded.seq,
+        )
+        if parent is not None:
+            parent.children.append(event.agent_id)
+            state.touch(parent.agent_id)
+        state.touch(event.agent_id)
+    elif isinstance(event, ForkEvent):
+        return state
+    elif isinstance(event, StatusEvent):
+        node = state.agents.get(event.agent_id)
+        if node is None or node.ended:
+            return state
+        node.last_status = event.status_type
+        if event.payload.summary:
+            node.summary = event.payload.summary
+        new_state = LIFECYCLE_STATES.get(event.status_type)
+        if new_state is not None:
+            node.state = new_state
+        state.touch(node.agent_id)
+    elif isinstance(event, TerminateEvent):
+        node = state.agents.get(event.agent_id)
+        if node is None:
+            return state
+        node.state = event.reason
+        node.summary = event.result.summary
+        node.error = event.error
+        node.tokens = event.usage.tokens
+        node.end_seq = recorded.seq
+        state.touch(node.agent_id)
+    return state

@@ -1,0 +1,7 @@
+"""The AgentGrove SDK: a client for callers and the context handed to python agents."""
+
+from agentgrove.client import GroveClient, UnknownAgent, build_config, discover_url
+from agentgrove.context import AgentContext
+from agentgrove.results import AgentResult
+
+__all__ = ["AgentContext", "AgentResult", "GroveClient", "UnknownAgent", "build_config", "discover_url"]

@@ -1,0 +1,136 @@
+"""GroveClient: spawn, stop and wait for agents from any Python program."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from grove_core.log import EventLog, LogError
+from grove_core.settings import DEFAULT_NATS_URL
+from grove_events import (
+    AgentConfig,
+    ControlEvent,
+    SpawnEvent,
+    TerminateEvent,
+    agent_wildcard,
+    new_id,
+    subject_for,
+)
+from agentgrove.results import AgentResult
+
+URL_FILE = "nats.url"
+
+
+class UnknownAgent(LookupError):
+    """No event in the log names this agent."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"no agent {agent_id!r} in the log; `grove tree` lists the agents")
+        self.agent_id = agent_id
+
+
+def discover_url(data_dir: Path | None = None) -> str:
+    """Where the stack is: GROVE_NATS_URL, else the URL `grove up` wrote, else the default."""
+    env = os.environ.get("GROVE_NATS_URL")
+    if env:
+        return env
+    folder = data_dir or Path(os.environ.get("GROVE_DATA_DIR", ".grove"))
+    url_file = folder / URL_FILE
+    if url_file.exists():
+        return url_file.read_text().strip()
+    return DEFAULT_NATS_URL
+
+
+def build_config(
+    runtime: str,
+    *,
+    entrypoint: str | None = None,
+    command: list[str] | None = None,
+    **options: Any,
+) -> AgentConfig:
+    """An AgentConfig from keyword options (validated)."""
+    return AgentConfig(runtime=runtime, entrypoint=entrypoint, command=command, **options)  # type: ignore[arg-type]
+
+
+class GroveClient:
+    """An async client of AgentGrove over its event log."""
+
+    def __init__(self, log: EventLog, *, identity: str = "caller") -> None:
+        self.log = log
+        self.identity = identity
+
+    @classmethod
+    async def connect(cls, url: str | None = None, **options: Any) -> GroveClient:
+        """Connect to the stack (see `discover_url`)."""
+        log = await EventLog.connect(url or discover_url(), name="grove-client", **options)
+        return cls(log)
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self.log.close()
+
+    async def __aenter__(self) -> GroveClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def spawn(
+        self,
+        task: str,
+        config: AgentConfig,
+        *,
+        parent: str | None = None,
+        tree_id: str | None = None,
+        agent_id: str | None = None,
+        causation_id: str | None = None,
+        subscriptions: list[str] | None = None,
+        subscribe_parent: bool = True,
+        initial_context: str | None = None,
+    ) -> str:
+        """Publish a spawn event; returns the new agent's id."""
+        agent_id = agent_id or new_id()
+        event = SpawnEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            tree_id=tree_id,
+            timestamp=datetime.now(UTC),
+            causation_id=causation_id,
+            task=task,
+            parent=parent,
+            config=config,
+            subscriptions=subscriptions or [],
+            subscribe_parent=subscribe_parent,
+            initial_context=initial_context,
+        )
+        await self.log.append(event)
+        return agent_id
+
+    async def exists(self, agent_id: str) -> bool:
+        """Whether the log has any event about this agent."""
+        return await self.log.get_last(agent_wildcard(agent_id)) is not None
+
+    async def stop(self, agent_id: str, reason: str = "stopped by caller") -> str:
+        """Ask for an agent to be stopped; returns the control event's id."""
+        if not await self.exists(agent_id):
+            raise UnknownAgent(agent_id)
+        event = ControlEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            timestamp=datetime.now(UTC),
+            action="stop",
+            issued_by=self.identity if self.identity != "caller" else None,
+            reason=reason,
+        )
+        await self.log.append(event)
+        return event.event_id
+
+    async def wait(self, agent_id: str, timeout: float | None = None) -> AgentResult:
+        """Wait for the agent's terminate event; TimeoutError after `timeout` seconds."""
+        recorded = await self.log.wait_for(subject_for("terminate", agent_id), timeout)
+        event = recorded.event
+        if not isinstance(event, TerminateEvent):
+            raise LogError(f"unexpected event on the terminate subject of {agent_id}")
+        return AgentResult.from_event(event)

@@ -1,0 +1,230 @@
+"""The embedded local stack: a nats-server and the four services, each its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grove_core.log import EventLog
+from grove_core.natsserver import LocalNatsServer, free_port
+
+#: service name -> module run with `python -m`
+SERVICE_MODULES = {
+    "governor": "grove_governor",
+    "router": "grove_router",
+    "artifacts": "grove_artifacts",
+    "spawner": "grove_spawner",
+}
+
+
+class StackError(RuntimeError):
+    """The stack could not be started."""
+
+
+@dataclass
+class ServiceProcess:
+    """One service process of the stack."""
+
+    name: str
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    http_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start (or restart) the process."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def ready(self) -> bool:
+        """Whether /readyz answers 200."""
+        url = f"http://127.0.0.1:{self.http_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process."""
+        if self.alive:
+            assert self.process is not None
+            os.kill(self.process.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would, and reap it."""
+        if self.alive:
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`."""
+        if not self.alive:
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@dataclass
+class Stack:
+    """A nats-server (unless `nats_url` is given) and the services, in a data folder."""
+
+    data_dir: Path
+    nats_url: str | None = None
+    spawners: int = 1
+    config_file: Path | None = None
+    nats_port: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    nats: LocalNatsServer | None = field(default=None, init=False)
+    services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
+
+    @property
+    def url(self) -> str:
+        """The NATS URL the stack uses."""
+        if self.nats_url:
+            return self.nats_url
+        assert self.nats is not None, "start the stack first"
+        return self.nats.url
+
+    def start(self, timeout: float = 60.0) -> Stack:
+        """Start nats-server, create the stream, start the services, wait until ready."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.nats_url is None:
+            self.nats = LocalNatsServer(self.data_dir / "nats", port=self.nats_port).start()
+        asyncio.run(self._ensure_stream())
+        (self.data_dir / "nats.url").write_text(self.url + "\n")
+        for name in ("governor", "router", "artifacts"):
+            self._add(name, name)
+        for index in range(1, self.spawners + 1):
+            self._add(f"spawner-{index}", "spawner", spawner_id=f"spawner-{index}")
+        for service in self.services.values():
+            service.start()
+        self.wait_ready(timeout)
+        self._write_state()
+        return self
+
+    async def _ensure_stream(self) -> None:
+        log = await EventLog.connect(self.url, name="grove-up")
+        try:
+            await log.ensure_stream()
+        finally:
+            await log.close()
+
+    def _add(self, name: str, kind: str, spawner_id: str | None = None) -> None:
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "GROVE_NATS_URL": self.url,
+            "GROVE_DATA_DIR": str(self.data_dir.resolve()),
+            "GROVE_HTTP_PORT": str(free_port()),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.config_file is not None:
+            env["GROVE_CONFIG_FILE"] = str(self.config_file.resolve())
+        if spawner_id is not None:
+            env["GROVE_SPAWNER_ID"] = spawner_id
+        self.services[name] = ServiceProcess(
+            name=name,
+            module=SERVICE_MODULES[kind],
+            env=env,
+            log_path=self.data_dir / "logs" / f"{name}.log",
+            http_port=int(env["GROVE_HTTP_PORT"]),
+        )
+
+    def _write_state(self) -> None:
+        state = {
+            "nats_url": self.url,
+            "services": {
+                name: {"pid": s.process.pid if s.process else None, "http_port": s.http_port}
+                for name, s in self.services.items()
+            },
+        }
+        (self.data_dir / "stack.json").write_text(json.dumps(state, indent=2))
+
+    def wait_ready(self, timeout: float = 60.0, names: list[str] | None = None) -> None:
+        """Wait until the named (default: all) services answer /readyz."""
+        deadline = time.monotonic() + timeout
+        waiting = [self.services[n] for n in (names or list(self.services))]
+        while waiting:
+            for service in list(waiting):
+                if not service.alive:
+                    tail = _tail(service.log_path)
+                    raise StackError(f"{service.name} exited during start-up:\n{tail}")
+                if service.ready():
+                    waiting.remove(service)
+            if waiting and time.monotonic() > deadline:
+                names_left = ", ".join(s.name for s in waiting)
+                raise StackError(f"not ready after {timeout}s: {names_left} (logs in {self.data_dir / 'logs'})")
+            if waiting:
+                time.sleep(0.05)
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start a service again (after a kill or stop) and wait until it is ready."""
+        self.services[name].start()
+        self.wait_ready(timeout, [name])
+        self._write_state()
+
+    def supervise_once(self) -> list[str]:
+        """Restart services that died; returns their names."""
+        restarted = []
+        for service in self.services.values():
+            if not service.alive:
+                service.start()
+                restarted.append(service.name)
+        if restarted:
+            self._write_state()
+        return restarted
+
+    def stop(self) -> None:
+        """Stop the services, then the nats-server."""
+        for service in self.services.values():
+            service.signal(signal.SIGTERM)
+        for service in self.services.values():
+            service.stop()
+        if self.nats is not None:
+            self.nats.stop()
+        for leftover in ("stack.json", "nats.url"):
+            with contextlib.suppress(OSError):
+                (self.data_dir / leftover).unlink()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,1 @@
+"""The artifact-store: blobs in the JetStream object store, their index in SQL."""

@@ -1,0 +1,3 @@
+from grove_artifacts.service import main
+
+main()

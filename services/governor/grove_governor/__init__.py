@@ -1,0 +1,1 @@
+"""The resource-governor: admits, queues or rejects spawns under limits."""

@@ -1,0 +1,3 @@
+from grove_governor.service import main
+
+main()

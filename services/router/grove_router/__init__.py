@@ -1,0 +1,1 @@
+"""The router: the agent tree, subscriptions, inbox delivery and HITL routing."""

@@ -1,0 +1,3 @@
+from grove_router.service import main
+
+main()

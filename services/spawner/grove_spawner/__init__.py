@@ -1,0 +1,1 @@
+"""The spawner: runs admitted agents on their runtimes and reports their lifecycle."""

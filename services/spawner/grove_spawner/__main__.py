@@ -1,0 +1,3 @@
+from grove_spawner.service import main
+
+main()
