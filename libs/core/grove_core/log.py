@@ -20,7 +20,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NATS
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
@@ -123,7 +123,7 @@ class EventLog:
     """Appends to and reads from the GROVE stream over one NATS connection."""
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, definition: StreamDefinition = GROVE_STREAM
+        self, nc: NatsClient, js: JetStreamContext, definition: StreamDefinition = GROVE_STREAM
     ) -> None:
         self.nc = nc
         self.js = js
@@ -366,9 +366,7 @@ class EventLog:
             except InvalidEvent as exc:
                 yield record, exc
 
-    async def wait_for(
-        self, subject: str, timeout: float | None = None
-    ) -> Recorded:
+    async def wait_for(self, subject: str, timeout: float | None = None) -> Recorded:
         """The first valid event on `subject` (past or future); TimeoutError after `timeout`."""
 
         async def first() -> Recorded:
@@ -435,9 +433,7 @@ class DurableConsumer:
             self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
         )
 
-    async def run(
-        self, handle: Callable[[Delivery], Awaitable[None]], stop: asyncio.Event
-    ) -> None:
+    async def run(self, handle: Callable[[Delivery], Awaitable[None]], stop: asyncio.Event) -> None:
         """Fetch and hand each message to `handle` until `stop` is set.
 
         `handle` acks (or naks) each delivery; a handler that raises gets the message

@@ -11,17 +11,19 @@ PROJECTION_SEQ = Gauge(
     "grove_projection_applied_seq", "Last stream sequence a projection has applied.", ["projection"]
 )
 PROJECTION_LAG = Gauge(
-    "grove_projection_lag_events", "Events in the log not yet applied by a projection.", ["projection"]
+    "grove_projection_lag_events",
+    "Events in the log not yet applied by a projection.",
+    ["projection"],
 )
 REPLAY_SECONDS = Gauge(
-    "grove_replay_duration_seconds", "Time the last start-up replay took to catch up.", ["projection"]
+    "grove_replay_duration_seconds",
+    "Time the last start-up replay took to catch up.",
+    ["projection"],
 )
 DEADLETTERS = Counter(
     "grove_deadletters_total", "Invalid messages seen on grove subjects.", ["service", "kind"]
 )
-SPAWNS = Counter(
-    "grove_spawns_total", "Admission decisions by outcome.", ["outcome"]
-)
+SPAWNS = Counter("grove_spawns_total", "Admission decisions by outcome.", ["outcome"])
 AGENTS = Gauge("grove_agents", "Agents known to a service, by state.", ["service", "state"])
 SPAWN_TO_STARTED = Histogram(
     "grove_spawn_to_started_seconds",

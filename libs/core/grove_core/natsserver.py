@@ -89,10 +89,12 @@ class LocalNatsServer:
                     f"nats-server exited with {self.process.returncode}: {err.strip()} "
                     f"(see {log_path})"
                 )
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(health, timeout=0.5) as resp:  # noqa: S310
-                    if resp.status == 200:
-                        return self
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(health, timeout=0.5) as resp,
+            ):
+                if resp.status == 200:
+                    return self
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server did not become healthy in {timeout}s (see {log_path})")

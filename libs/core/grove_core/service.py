@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -19,6 +21,7 @@ from grove_core.settings import ServiceSettings
 log = logging.getLogger(__name__)
 
 ReadyCheck = Callable[[], bool]
+Setup = Callable[["Service"], Coroutine[Any, Any, None]]
 
 
 def nats_options(settings: ServiceSettings) -> dict[str, Any]:
@@ -30,8 +33,6 @@ def nats_options(settings: ServiceSettings) -> dict[str, Any]:
     if settings.nats_creds:
         options["user_credentials"] = str(settings.nats_creds)
     if settings.nats_tls_ca:
-        import ssl
-
         ctx = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
         options["tls"] = ctx
     return options
@@ -95,7 +96,9 @@ class Service:
             return web.json_response({"ready": ok, "service": self.name}, status=200 if ok else 503)
 
         async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return web.Response(
+                body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            )
 
         app = web.Application()
         app.router.add_get("/healthz", healthz)
@@ -108,10 +111,15 @@ class Service:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.http_port = sockets[0].getsockname()[1] if sockets else self.settings.http_port
-        log.info("%s: health and metrics on http://%s:%s", self.name, self.settings.http_host, self.http_port)
+        log.info(
+            "%s: health and metrics on http://%s:%s",
+            self.name,
+            self.settings.http_host,
+            self.http_port,
+        )
         return runner
 
-    async def run(self, setup: Callable[[Service], Awaitable[None]]) -> int:
+    async def run(self, setup: Setup) -> int:
         """Connect, let `setup` start the service's tasks, serve until SIGTERM/SIGINT."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -144,22 +152,17 @@ class Service:
         return 1 if self.failed else 0
 
 
-def run_service(name: str, setup: Callable[[Service], Awaitable[None]], settings: ServiceSettings) -> None:
+def run_service(name: str, setup: Setup, settings: ServiceSettings) -> None:
     """Entry point of `python -m grove_<name>`: logging, event loop, exit code."""
     logging.basicConfig(
         level=settings.log_level.upper(),
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    uvloop.install()
     service = Service(name, settings)
     try:
         code = asyncio.run(service.run(setup))
-    except Exception as exc:
-        log.error("%s: %s", name, exc)
+    except Exception:
+        log.exception("%s stopped on an error", name)
         code = 1
     sys.exit(code)

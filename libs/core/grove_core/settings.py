@@ -15,7 +15,9 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GROVE_", extra="ignore")
 
-    nats_url: str = Field(default=DEFAULT_NATS_URL, description="NATS server URL(s), comma separated.")
+    nats_url: str = Field(
+        default=DEFAULT_NATS_URL, description="NATS server URL(s), comma separated."
+    )
     nats_user: str | None = None
     nats_password: str | None = None
     nats_creds: Path | None = Field(default=None, description="A NATS .creds file.")

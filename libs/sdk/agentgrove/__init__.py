@@ -4,4 +4,11 @@ from agentgrove.client import GroveClient, UnknownAgent, build_config, discover_
 from agentgrove.context import AgentContext
 from agentgrove.results import AgentResult
 
-__all__ = ["AgentContext", "AgentResult", "GroveClient", "UnknownAgent", "build_config", "discover_url"]
+__all__ = [
+    "AgentContext",
+    "AgentResult",
+    "GroveClient",
+    "UnknownAgent",
+    "build_config",
+    "discover_url",
+]

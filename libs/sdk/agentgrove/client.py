@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agentgrove.results import AgentResult
 from grove_core.log import EventLog, LogError
 from grove_core.settings import DEFAULT_NATS_URL
 from grove_events import (
@@ -18,7 +19,6 @@ from grove_events import (
     new_id,
     subject_for,
 )
-from agentgrove.results import AgentResult
 
 URL_FILE = "nats.url"
 
@@ -51,7 +51,7 @@ def build_config(
     **options: Any,
 ) -> AgentConfig:
     """An AgentConfig from keyword options (validated)."""
-    return AgentConfig(runtime=runtime, entrypoint=entrypoint, command=command, **options)  # type: ignore[arg-type]
+    return AgentConfig(runtime=runtime, entrypoint=entrypoint, command=command, **options)
 
 
 class GroveClient:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from grove_core.log import EventLog
-from grove_events import AgentConfig, SpawnEvent, StatusEvent, StatusPayload, new_id
 from agentgrove.client import GroveClient
 from agentgrove.results import AgentResult
+from grove_core.log import EventLog
+from grove_events import AgentConfig, SpawnEvent, StatusEvent, StatusPayload, new_id
 
 
 class AgentContext:
@@ -61,7 +61,7 @@ class AgentContext:
                 tree_id=self.tree_id,
                 timestamp=datetime.now(UTC),
                 causation_id=self._spawn.event_id,
-                status_type=status_type,  # type: ignore[arg-type]
+                status_type=status_type,
                 payload=StatusPayload(summary=summary, details=details),
             )
         )
@@ -90,7 +90,7 @@ class AgentContext:
     ) -> str:
         """Spawn a child of this agent; returns its id."""
         config = AgentConfig(
-            runtime=runtime,  # type: ignore[arg-type]
+            runtime=runtime,
             entrypoint=entrypoint,
             command=command,
             **options,

@@ -63,7 +63,7 @@ class ServiceProcess:
         """Whether /readyz answers 200."""
         url = f"http://127.0.0.1:{self.http_port}/readyz"
         try:
-            with urllib.request.urlopen(url, timeout=0.5) as resp:  # noqa: S310
+            with urllib.request.urlopen(url, timeout=0.5) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -183,7 +183,9 @@ class Stack:
                     waiting.remove(service)
             if waiting and time.monotonic() > deadline:
                 names_left = ", ".join(s.name for s in waiting)
-                raise StackError(f"not ready after {timeout}s: {names_left} (logs in {self.data_dir / 'logs'})")
+                raise StackError(
+                    f"not ready after {timeout}s: {names_left} (logs in {self.data_dir / 'logs'})"
+                )
             if waiting:
                 time.sleep(0.05)
 

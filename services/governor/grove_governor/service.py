@@ -9,7 +9,7 @@ from grove_core import metrics
 from grove_core.config import load_config
 from grove_core.log import ConcurrencyConflict, EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
-from grove_core.service import Service
+from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import (
     ResourceLimits,
@@ -69,7 +69,9 @@ class Governor:
         decisions = decide(self.state, self.limits, self.in_flight)
         for decision in decisions:
             slot = self.state.agents[decision.agent_id]
-            self.in_flight[decision.agent_id] = InFlight(slot.status_seq, isinstance(decision, Admit))
+            self.in_flight[decision.agent_id] = InFlight(
+                slot.status_seq, isinstance(decision, Admit)
+            )
         for decision in decisions:
             try:
                 await self._append(decision)
@@ -81,8 +83,12 @@ class Governor:
         if slot is None:
             return
         now = datetime.now(UTC)
-        envelope = {"agent_id": slot.agent_id, "tree_id": slot.tree_id, "timestamp": now,
-                    "causation_id": slot.cause}
+        envelope = {
+            "agent_id": slot.agent_id,
+            "tree_id": slot.tree_id,
+            "timestamp": now,
+            "causation_id": slot.cause,
+        }
         status_subject = subject_for("status", slot.agent_id)
         if isinstance(decision, Admit):
             await self.log.append(
@@ -107,7 +113,9 @@ class Governor:
         elif isinstance(decision, FinishRejection):
             await self._terminate_rejected(slot.agent_id, envelope, decision.error)
 
-    async def _terminate_rejected(self, agent_id: str, envelope: dict[str, object], error: str) -> None:
+    async def _terminate_rejected(
+        self, agent_id: str, envelope: dict[str, object], error: str
+    ) -> None:
         try:
             await self.log.append(
                 TerminateEvent(
@@ -115,7 +123,7 @@ class Governor:
                     reason="rejected",
                     error=error,
                     result=ResultSummary(summary=error),
-                    **envelope,  # type: ignore[arg-type]
+                    **envelope,
                 ),
                 expect_last_seq=0,
             )
@@ -136,6 +144,4 @@ async def setup(service: Service) -> None:
 
 def main() -> None:
     """`python -m grove_governor`."""
-    from grove_core.service import run_service
-
     run_service(NAME, setup, ServiceSettings())

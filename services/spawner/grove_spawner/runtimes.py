@@ -89,7 +89,7 @@ class PythonRuntime:
             result = await function(context)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of agent code is its outcome
             return Outcome(
                 completed=False,
                 error=f"{exc.__class__.__name__}: {exc}",

@@ -28,7 +28,7 @@ from grove_core.log import (
     decode_record,
 )
 from grove_core.projection import ProjectionRunner, ProjectionStore
-from grove_core.service import Service
+from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import (
     ControlEvent,
@@ -135,7 +135,10 @@ class Spawner:
                     status_type="started",
                     payload=StatusPayload(
                         summary=f"started on {spawn.config.runtime}",
-                        details={SPAWNER_ID_DETAIL: self.spawner_id, "runtime": spawn.config.runtime},
+                        details={
+                            SPAWNER_ID_DETAIL: self.spawner_id,
+                            "runtime": spawn.config.runtime,
+                        },
                     ),
                 ),
                 expect_last_seq=admitted.seq,
@@ -188,7 +191,9 @@ class Spawner:
         finally:
             self.running.pop(spawn.agent_id, None)
         if outcome.completed:
-            await self._terminate(agent, "completed", summary=outcome.summary, tokens=outcome.tokens)
+            await self._terminate(
+                agent, "completed", summary=outcome.summary, tokens=outcome.tokens
+            )
         else:
             metrics.RUNTIME_ERRORS.labels(spawn.config.runtime).inc()
             await self._report_failure(agent, outcome)
@@ -237,7 +242,7 @@ class Spawner:
                     tree_id=agent.tree_id,
                     timestamp=datetime.now(UTC),
                     causation_id=spawn.event_id,
-                    reason=reason,  # type: ignore[arg-type]
+                    reason=reason,
                     result=ResultSummary(summary=text, truncated=truncated),
                     error=error,
                     usage=Usage(tokens=tokens, runtime_s=round(runtime_s, 6)),
@@ -252,7 +257,9 @@ class Spawner:
     async def follow_controls(self) -> None:
         """Act on stop controls for the agents this process runs."""
         tip = await self.log.last_seq()
-        async for item in self.log.events(tip + 1, subjects=subject_for("control", "*"), follow=True):
+        async for item in self.log.events(
+            tip + 1, subjects=subject_for("control", "*"), follow=True
+        ):
             if not isinstance(item, Recorded):
                 continue
             event = item.event
@@ -319,6 +326,4 @@ async def setup(service: Service) -> None:
 
 def main() -> None:
     """`python -m grove_spawner`."""
-    from grove_core.service import run_service
-
     run_service(NAME, setup, SpawnerSettings())

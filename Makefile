@@ -1,0 +1,40 @@
+# AgentGrove — two commands on a fresh clone: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint schemas check-schemas install clean up bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create the virtual environment and install everything
+
+run: $(STAMP) ## start the local stack, run the demonstration tree, stop
+	$(BIN)/grove demo
+
+up: $(STAMP) ## start the local stack in the foreground (Ctrl-C stops it)
+	$(BIN)/grove up
+
+test: $(STAMP) ## lint, check generated files, run the whole suite
+	$(MAKE) lint
+	$(MAKE) check-schemas
+	$(BIN)/pytest
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+schemas: $(STAMP) ## write docs/schemas/<kind>.json
+	$(BIN)/python -m grove_core.schemas docs/schemas
+
+check-schemas: $(STAMP) ## fail when docs/schemas is stale
+	$(BIN)/python -m grove_core.schemas docs/schemas --check
+
+clean:
+	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache
