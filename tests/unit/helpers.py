@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from grove_core.log import Recorded
 from grove_events import (
     AgentConfig,
     ArtifactEvent,
+    ControlEvent,
+    ForkEvent,
     SpawnEvent,
     StatusEvent,
     StatusPayload,
@@ -31,8 +33,20 @@ class Log:
         self.records.append(recorded)
         return recorded
 
-    def spawn(self, agent_id: str, parent: str | None = None, **kw: Any) -> Recorded:
-        config = AgentConfig(runtime="command", command=["true"])
+    def spawn(
+        self,
+        agent_id: str,
+        parent: str | None = None,
+        limits: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        **kw: Any,
+    ) -> Recorded:
+        config = AgentConfig(
+            runtime="command",
+            command=["true"],
+            resource_limits=limits,  # type: ignore[arg-type]
+            timeout=timeout,
+        )
         return self.add(
             SpawnEvent(
                 event_id=new_id(),
@@ -45,14 +59,28 @@ class Log:
             )
         )
 
-    def status(self, agent_id: str, status_type: str, summary: str = "", **details: Any) -> Recorded:
+    def status(
+        self, agent_id: str, status_type: str, summary: str = "", at: float = 0.0, **details: Any
+    ) -> Recorded:
         return self.add(
             StatusEvent(
                 event_id=new_id(),
                 agent_id=agent_id,
                 status_type=status_type,  # type: ignore[arg-type]
                 payload=StatusPayload(summary=summary, details=details),
-                timestamp=T0,
+                timestamp=T0 + timedelta(seconds=at),
+            )
+        )
+
+    def control(self, agent_id: str, action: str, **kw: Any) -> Recorded:
+        return self.add(
+            ControlEvent(event_id=new_id(), agent_id=agent_id, action=action, timestamp=T0, **kw)  # type: ignore[arg-type]
+        )
+
+    def fork(self, agent_id: str, source: str) -> Recorded:
+        return self.add(
+            ForkEvent(
+                event_id=new_id(), agent_id=agent_id, source_agent=source, reason="try", timestamp=T0
             )
         )
 

@@ -34,3 +34,4 @@ RUNTIME_ERRORS = Counter(
     "grove_runtime_errors_total", "Agents that ended failed, by runtime.", ["runtime"]
 )
 TOKENS_USED = Counter("grove_tokens_used_total", "Tokens reported by runtimes.", ["runtime"])
+QUEUE_DEPTH = Gauge("grove_queue_depth", "Spawns waiting for admission (pending or queued).")

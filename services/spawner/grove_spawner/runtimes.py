@@ -120,7 +120,7 @@ class CommandRuntime:
         except OSError as exc:
             return Outcome(completed=False, error=f"cannot execute {argv[0]!r}: {exc.strerror}")
         try:
-            stdout, stderr = await proc.communicate(spawn.task.encode())
+            stdout, stderr = await _exchange(proc, spawn.task.encode())
         except asyncio.CancelledError:
             await _end_process(proc)
             raise
@@ -134,6 +134,27 @@ class CommandRuntime:
             attempted=[" ".join(argv)],
             partial_results=[out] if out else [],
         )
+
+
+async def _exchange(proc: asyncio.subprocess.Process, data: bytes) -> tuple[bytes, bytes]:
+    """Write `data` to stdin (a command that never reads it is fine), collect stdout/stderr."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    async def feed(stdin: asyncio.StreamWriter) -> None:
+        try:
+            stdin.write(data)
+            await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            pass  # the command exited or closed its stdin without reading the task
+        finally:
+            with contextlib.suppress(Exception):
+                stdin.close()
+
+    _, stdout, stderr = await asyncio.gather(
+        feed(proc.stdin), proc.stdout.read(), proc.stderr.read()
+    )
+    await proc.wait()
+    return stdout, stderr
 
 
 async def _end_process(proc: asyncio.subprocess.Process) -> None:
