@@ -285,6 +285,17 @@ class EventLog:
             headers=dict(raw.headers or {}),
         )
 
+    async def _last_matching(self, filters: list[str]) -> int:
+        """The sequence of the newest message matching any of `filters` (0: none)."""
+        if filters == ["grove.>"]:
+            return await self.last_seq()
+        newest = 0
+        for subject in filters:
+            last = await self.get_last(subject)
+            if last is not None:
+                newest = max(newest, last.seq)
+        return newest
+
     async def read(
         self,
         from_seq: int = 1,
@@ -300,11 +311,11 @@ class EventLog:
         With `follow`, goes on with new messages forever (until the caller stops iterating),
         or until nothing arrives for `idle_timeout` seconds.
         """
+        filters = [subjects] if isinstance(subjects, str) else list(subjects)
         if until_seq is None and not follow:
-            until_seq = await self.last_seq()
+            until_seq = await self._last_matching(filters)
             if until_seq < from_seq:
                 return
-        filters = [subjects] if isinstance(subjects, str) else list(subjects)
         config = js_api.ConsumerConfig(
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=max(from_seq, 1),
@@ -445,7 +456,7 @@ class DurableConsumer:
         while not stop.is_set():
             try:
                 msgs = await self._sub.fetch(self.batch, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
                 await asyncio.sleep(0.5)

@@ -12,8 +12,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
@@ -120,7 +123,7 @@ class Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.nats_url is None:
             self.nats = LocalNatsServer(self.data_dir / "nats", port=self.nats_port).start()
-        asyncio.run(self._ensure_stream())
+        _run_blocking(self._ensure_stream())
         (self.data_dir / "nats.url").write_text(self.url + "\n")
         for name in ("governor", "router", "artifacts"):
             self._add(name, name)
@@ -223,6 +226,17 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _run_blocking(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine to completion, also from inside a running event loop (in a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coro).result()
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -1,0 +1,225 @@
+"""The resource-governor against a real nats-server and real service processes: every row of
+the limits table, queue order across a restart, timeouts, the emergency brake, the RPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentgrove import GroveClient, build_config
+from agentgrove.results import AgentResult
+from grove_core.log import EventLog, Recorded
+from grove_events import ControlEvent, ForkEvent, StatusEvent, TerminateEvent, new_id
+from tests.conftest import NatsEndpoint, StackFactory
+
+pytestmark = pytest.mark.integration
+
+SLEEPER = build_config("python", entrypoint="tests.agents:sleeper")
+QUICK = build_config("python", entrypoint="tests.agents:quick")
+
+
+@pytest.fixture
+async def client(nats_server: NatsEndpoint) -> AsyncIterator[GroveClient]:
+    async with await GroveClient.connect(nats_server.url) as grove:
+        yield grove
+
+
+async def statuses(log: EventLog, agent_id: str) -> list[StatusEvent]:
+    out = []
+    async for item in log.events(1, subjects=f"grove.status.{agent_id}"):
+        if isinstance(item, Recorded) and isinstance(item.event, StatusEvent):
+            out.append(item.event)
+    return out
+
+
+async def wait_status(log: EventLog, agent_id: str, status_type: str, timeout: float = 20) -> None:
+    async def seen() -> None:
+        async for item in log.events(1, subjects=f"grove.status.{agent_id}", follow=True):
+            if isinstance(item, Recorded) and getattr(item.event, "status_type", "") == status_type:
+                return
+
+    await asyncio.wait_for(seen(), timeout)
+
+
+async def test_capacity_and_child_limits_reject_with_the_seed_messages(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(config="resources:\n  global:\n    max_concurrent_agents: 3\n")
+    boss = await client.spawn("30", SLEEPER)
+    await wait_status(client.log, boss, "started")
+    limited = build_config(
+        "python",
+        entrypoint="tests.agents:sleeper",
+        resource_limits={"per_parent": {"max_children": 1}},
+    )
+    parent = await client.spawn("30", limited)
+    await wait_status(client.log, parent, "started")
+    first = await client.spawn("30", SLEEPER, parent=parent)
+    await wait_status(client.log, first, "started")
+    second = await client.spawn("30", SLEEPER, parent=parent)
+    rejected = await client.wait(second, timeout=20)
+    assert (rejected.reason, rejected.error) == ("rejected", "max children reached")
+    over = await client.spawn("30", SLEEPER)
+    full = await client.wait(over, timeout=20)
+    assert (full.reason, full.error) == ("rejected", "system at capacity, retry later")
+    for agent in (boss, parent, first):
+        await client.stop(agent)
+
+
+async def test_depth_and_tree_budgets_name_the_limit(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(config="resources:\n  per_tree:\n    max_depth: 1\n    max_agents: 3\n")
+    root = await client.spawn("30", SLEEPER)
+    await wait_status(client.log, root, "started")
+    kid = await client.spawn("30", SLEEPER, parent=root)
+    await wait_status(client.log, kid, "started")
+    grandkid = await client.spawn("1", QUICK, parent=kid)
+    too_deep = await client.wait(grandkid, timeout=20)
+    assert too_deep.reason == "rejected"
+    assert "per_tree.max_depth=1" in (too_deep.error or "")
+    fork_id = await client_fork(client, kid)
+    forked = await client.wait(fork_id, timeout=20)
+    assert forked.reason == "completed"
+    third = await client.spawn("1", QUICK, parent=root)
+    over_budget = await client.wait(third, timeout=20)
+    assert over_budget.reason == "rejected"
+    assert "per_tree.max_agents=3" in (over_budget.error or "")
+    await client.stop(kid)
+    await client.stop(root)
+
+
+async def client_fork(client: GroveClient, source: str) -> str:
+    """A fork counts against its source's tree (the third agent of this tree)."""
+    fork_id = new_id()
+    await client.log.append(
+        ForkEvent(
+            event_id=new_id(),
+            agent_id=fork_id,
+            source_agent=source,
+            reason="try another way",
+            task="0.5",
+        )
+    )
+    return fork_id
+
+
+async def test_rate_limit_queues_in_order_and_survives_a_governor_restart(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    stack = make_stack(config="resources:\n  global:\n    max_spawn_rate: 2\n")
+    ids = [await client.spawn(f"n{i}", QUICK) for i in range(8)]
+    await wait_status(client.log, ids[4], "queued")
+    stack.services["governor"].kill()
+    await asyncio.sleep(1.0)
+    stack.restart("governor")
+    results: list[AgentResult] = [await client.wait(agent, timeout=30) for agent in ids]
+    assert [r.reason for r in results] == ["completed"] * 8
+    admitted_order = []
+    async for item in client.log.events(1, subjects="grove.status.*"):
+        if isinstance(item, Recorded) and isinstance(item.event, StatusEvent):
+            if item.event.status_type == "admitted":
+                admitted_order.append(item.event.agent_id)
+    assert admitted_order == ids  # arrival order, each once
+    queued = [s for s in await statuses(client.log, ids[-1]) if s.status_type == "queued"]
+    assert queued, "the last spawn should have waited in the queue"
+
+
+async def test_runtime_limit_gives_notice_then_stops(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(GROVE_TIMEOUT_GRACE="1")
+    limited = build_config(
+        "python",
+        entrypoint="tests.agents:sleeper",
+        resource_limits={"per_agent": {"max_runtime": 1}},
+    )
+    agent = await client.spawn("30", limited)
+    result = await client.wait(agent, timeout=30)
+    assert result.reason == "timeout"
+    assert "per_agent.max_runtime" in (result.error or "")
+    kinds = [s.status_type for s in await statuses(client.log, agent)]
+    assert kinds.index("timeout_notice") > kinds.index("started")
+    terminates = [
+        item
+        async for item in client.log.events(1, subjects=f"grove.terminate.{agent}")
+        if isinstance(item, Recorded) and isinstance(item.event, TerminateEvent)
+    ]
+    assert len(terminates) == 1
+
+
+async def test_token_budget_from_reported_usage_stops_the_agent(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(GROVE_TIMEOUT_GRACE="1")
+    limited = build_config(
+        "python",
+        entrypoint="tests.agents:sleeper",
+        resource_limits={"per_agent": {"max_tokens": 100}},
+    )
+    agent = await client.spawn("30", limited)
+    await wait_status(client.log, agent, "started")
+    await client.log.append(
+        StatusEvent(
+            event_id=new_id(),
+            agent_id=agent,
+            status_type="checkpoint",
+            payload={"summary": "thinking hard", "details": {"tokens": 250}},
+        )
+    )
+    result = await client.wait(agent, timeout=30)
+    assert result.reason == "timeout"
+    assert "per_agent.max_tokens" in (result.error or "")
+
+
+async def test_pause_all_holds_admissions_until_resume_all(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack()
+    await client.log.append(ControlEvent(event_id=new_id(), agent_id="ops", action="pause_all"))
+    agent = await client.spawn("quick", QUICK)
+    await wait_status(client.log, agent, "queued")
+    await asyncio.sleep(1.0)
+    assert "admitted" not in [s.status_type for s in await statuses(client.log, agent)]
+    await client.log.append(ControlEvent(event_id=new_id(), agent_id="ops", action="resume_all"))
+    assert (await client.wait(agent, timeout=20)).reason == "completed"
+
+
+async def test_stop_before_start_cancels(make_stack: StackFactory, client: GroveClient) -> None:
+    make_stack()
+    await client.log.append(ControlEvent(event_id=new_id(), agent_id="ops", action="pause_all"))
+    agent = await client.spawn("quick", QUICK)
+    await wait_status(client.log, agent, "queued")
+    await client.stop(agent, "not needed")
+    result = await client.wait(agent, timeout=20)
+    assert (result.reason, result.error) == ("cancelled", "not needed")
+    await client.log.append(ControlEvent(event_id=new_id(), agent_id="ops", action="resume_all"))
+
+
+async def test_resource_status_over_request_reply(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(config="resources:\n  global:\n    max_concurrent_agents: 4\n")
+    limited = build_config(
+        "python",
+        entrypoint="tests.agents:sleeper",
+        resource_limits={"per_parent": {"max_children": 2}},
+    )
+    boss = await client.spawn("30", limited)
+    kid = await client.spawn("30", SLEEPER, parent=boss)
+    await wait_status(client.log, kid, "started")
+    reply = await client.log.nc.request(
+        "grove.rpc.governor.status", json.dumps({"agent_id": boss}).encode(), timeout=5
+    )
+    answer = json.loads(reply.data)
+    assert answer["global"]["agents_running"] == 2
+    assert answer["global"]["capacity"] == 4
+    assert answer["global"]["utilization"] == 0.5
+    assert answer["self"]["children_running"] == 1
+    assert answer["self"]["children_limit"] == 2
+    assert answer["self"]["runtime_elapsed"] > 0
+    await client.stop(kid)
+    await client.stop(boss)
