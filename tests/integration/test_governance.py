@@ -120,9 +120,9 @@ async def test_rate_limit_queues_in_order_and_survives_a_governor_restart(
     assert [r.reason for r in results] == ["completed"] * 8
     admitted_order = []
     async for item in client.log.events(1, subjects="grove.status.*"):
-        if isinstance(item, Recorded) and isinstance(item.event, StatusEvent):
-            if item.event.status_type == "admitted":
-                admitted_order.append(item.event.agent_id)
+        event = item.event if isinstance(item, Recorded) else None
+        if isinstance(event, StatusEvent) and event.status_type == "admitted":
+            admitted_order.append(event.agent_id)
     assert admitted_order == ids  # arrival order, each once
     queued = [s for s in await statuses(client.log, ids[-1]) if s.status_type == "queued"]
     assert queued, "the last spawn should have waited in the queue"
