@@ -15,6 +15,11 @@ from agentgrove.stack import Stack
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
 
+try:
+    from testcontainers.community.nats import NatsContainer
+except ImportError:  # testcontainers without its NATS module
+    NatsContainer = None
+
 log = logging.getLogger(__name__)
 
 
@@ -40,13 +45,11 @@ def _docker_nats() -> contextlib.AbstractContextManager[str] | None:
     """A NATS container when a Docker engine answers, else None (the binary is used)."""
     if os.environ.get("GROVE_TEST_DOCKER", "auto") == "never":
         return None
-    try:
-        from testcontainers.community.nats import NatsContainer  # type: ignore[import-not-found]
-    except ImportError:
+    if NatsContainer is None:
         return None
     try:
         container = NatsContainer(jetstream=True)
-    except Exception as exc:  # DockerException without an engine
+    except Exception as exc:  # noqa: BLE001 - DockerException, or anything else: no engine
         log.debug("no Docker engine (%s); using the nats-server binary", exc)
         return None
 

@@ -80,7 +80,11 @@ class Log:
     def fork(self, agent_id: str, source: str) -> Recorded:
         return self.add(
             ForkEvent(
-                event_id=new_id(), agent_id=agent_id, source_agent=source, reason="try", timestamp=T0
+                event_id=new_id(),
+                agent_id=agent_id,
+                source_agent=source,
+                reason="try",
+                timestamp=T0,
             )
         )
 

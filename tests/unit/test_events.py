@@ -37,7 +37,14 @@ MINIMAL_SPAWN = {
 
 def test_every_kind_has_a_model_and_a_stream_subject() -> None:
     assert set(KINDS) == {
-        "spawn", "status", "fork", "terminate", "message", "control", "hitl", "artifact"
+        "spawn",
+        "status",
+        "fork",
+        "terminate",
+        "message",
+        "control",
+        "hitl",
+        "artifact",
     }
     for kind in KINDS:
         assert f"grove.{kind}.*" in GROVE_STREAM.subjects
@@ -68,7 +75,8 @@ def test_missing_timestamp_is_the_stream_timestamp_every_time() -> None:
 
 def test_child_spawn_leaves_tree_to_the_log() -> None:
     event = decode(
-        "grove.spawn.a-2", json.dumps({**MINIMAL_SPAWN, "agent_id": "a-2", "parent": "a-1"}).encode()
+        "grove.spawn.a-2",
+        json.dumps({**MINIMAL_SPAWN, "agent_id": "a-2", "parent": "a-1"}).encode(),
     )
     assert isinstance(event, SpawnEvent)
     assert event.tree_id is None

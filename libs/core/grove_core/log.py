@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -119,6 +120,29 @@ def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamC
     )
 
 
+async def _any_reachable(servers: list[str], within: float) -> bool:
+    """Whether any server accepts a TCP connection before `within` seconds have passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    targets = []
+    for server in servers:
+        parsed = urlsplit(server if "://" in server else f"nats://{server}")
+        targets.append((parsed.hostname or "127.0.0.1", parsed.port or 4222))
+    while True:
+        for host, port in targets:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+            except (OSError, TimeoutError):
+                continue
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
+
+
 class EventLog:
     """Appends to and reads from the GROVE stream over one NATS connection."""
 
@@ -138,10 +162,20 @@ class EventLog:
         name: str = "agentgrove",
         definition: StreamDefinition = GROVE_STREAM,
         connect_timeout: float = 5.0,
+        reachable_within: float = 30.0,
         **options: Any,
     ) -> EventLog:
-        """Connect to NATS; raises LogError with the URL when nothing answers there."""
+        """Connect to NATS; raises LogError with the URL when nothing answers there.
+
+        The first connection waits at most `reachable_within` seconds for a server to accept
+        TCP connections; once connected, the client reconnects forever (unless told otherwise).
+        """
         servers = [u.strip() for u in url.split(",") if u.strip()]
+        if not await _any_reachable(servers, reachable_within):
+            raise LogError(
+                f"cannot reach NATS at {url} (nothing accepts connections there); start the "
+                "stack with `grove up` or set GROVE_NATS_URL"
+            )
         try:
             nc = await nats.connect(
                 servers,
@@ -152,9 +186,9 @@ class EventLog:
                 **options,
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
+            detail = str(exc) or exc.__class__.__name__
             raise LogError(
-                f"cannot reach NATS at {url} ({exc.__class__.__name__}); start the stack with "
-                "`grove up` or set GROVE_NATS_URL"
+                f"cannot connect to NATS at {url}: {detail} (check the URL and credentials)"
             ) from None
         return cls(nc, nc.jetstream(timeout=10.0), definition)
 

@@ -13,9 +13,13 @@ from grove_core.settings import DEFAULT_NATS_URL
 from grove_events import (
     AgentConfig,
     ControlEvent,
+    ForkEvent,
+    InvalidEvent,
     SpawnEvent,
+    StatusEvent,
     TerminateEvent,
     agent_wildcard,
+    decode,
     new_id,
     subject_for,
 )
@@ -126,6 +130,81 @@ class GroveClient:
         )
         await self.log.append(event)
         return event.event_id
+
+    async def resume(self, agent_id: str, message: str | None = None) -> str:
+        """Ask for a stopped agent to run again on its session, with `message` as the next
+        user entry; returns the control event's id."""
+        if not await self.exists(agent_id):
+            raise UnknownAgent(agent_id)
+        event = ControlEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            timestamp=datetime.now(UTC),
+            action="resume",
+            issued_by=self.identity if self.identity != "caller" else None,
+            message=message,
+        )
+        await self.log.append(event)
+        return event.event_id
+
+    async def fork(
+        self,
+        source_agent: str,
+        reason: str,
+        *,
+        task: str | None = None,
+        initial_message: str | None = None,
+        config: AgentConfig | None = None,
+        subscriptions: list[str] | None = None,
+    ) -> str:
+        """Fork an agent: a new agent in the same tree that starts from a copy of the source's
+        session. The source is not told and goes on. Returns the new agent's id."""
+        origin = await self._origin(source_agent)
+        if origin is None:
+            raise UnknownAgent(source_agent)
+        agent_id = new_id()
+        event = ForkEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            tree_id=await self._tree_of(source_agent, origin),
+            timestamp=datetime.now(UTC),
+            source_agent=source_agent,
+            source_session=origin.session_id,
+            reason=reason,
+            task=task,
+            initial_message=initial_message,
+            subscriptions=subscriptions,
+            config=config,
+        )
+        await self.log.append(event)
+        return agent_id
+
+    async def _origin(self, agent_id: str) -> SpawnEvent | ForkEvent | None:
+        """The event that created the agent: its spawn, or its fork."""
+        for kind in ("spawn", "fork"):
+            raw = await self.log.get_last(subject_for(kind, agent_id))
+            if raw is None:
+                continue
+            try:
+                event = decode(raw.subject, raw.data, raw.timestamp)
+            except InvalidEvent:
+                continue
+            if isinstance(event, SpawnEvent | ForkEvent):
+                return event
+        return None
+
+    async def _tree_of(self, agent_id: str, origin: SpawnEvent | ForkEvent) -> str | None:
+        """The agent's tree: as its latest status gives it (the services resolve it), else as
+        its origin says (null: the services resolve it from the log)."""
+        raw = await self.log.get_last(subject_for("status", agent_id))
+        if raw is not None:
+            try:
+                status = decode(raw.subject, raw.data, raw.timestamp)
+            except InvalidEvent:
+                status = None
+            if isinstance(status, StatusEvent) and status.tree_id is not None:
+                return status.tree_id
+        return origin.tree_id
 
     async def wait(self, agent_id: str, timeout: float | None = None) -> AgentResult:
         """Wait for the agent's terminate event; TimeoutError after `timeout` seconds."""

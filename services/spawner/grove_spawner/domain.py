@@ -1,29 +1,41 @@
-"""The spawner's state as a pure fold: which agents each spawner started that have not ended.
+"""The spawner's domain, with no I/O: the fold of started agents, and the pure decisions.
 
-A spawner uses it after a restart to learn which of its agents were lost with the old process,
-so that their parents get a `failed` outcome instead of silence.
+- `SpawnerState` / `evolve`: which agents each spawner started that have not ended. A spawner
+  uses it after a restart to learn which of its agents were lost with the old process, and to
+  notice a peer that went silent while it had agents running, so that their parents get a
+  `failed` outcome instead of silence.
+- `StartKind`, `start_allowed`: when an admission may start an agent instance.
+- `fork_spawn`: the spawn a fork runs as, from the fork event and its source's spawn.
+- `PeerWatch`: when each spawner was last heard from, against a clock the caller passes in.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, get_args
 
+from agentgrove.context import StartKind
 from grove_core.log import Recorded
 from grove_core.projection import KeyedState
-from grove_events import StatusEvent, TerminateEvent
+from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 SPAWNER_ID_DETAIL = "spawner_id"
+
+START_KINDS: tuple[str, ...] = get_args(StartKind)
 
 
 @dataclass(slots=True)
 class StartedAgent:
-    """An agent some spawner started, not yet terminated."""
+    """An agent instance some spawner started, not yet terminated."""
 
     agent_id: str
     tree_id: str | None
     spawner_id: str
     runtime: str
+    session_id: str | None = None
+    #: Stream sequence of the `started` status of this instance.
+    started_seq: int = 0
 
     def to_row(self) -> dict[str, Any]:
         """Stored form."""
@@ -32,6 +44,8 @@ class StartedAgent:
             "tree_id": self.tree_id,
             "spawner_id": self.spawner_id,
             "runtime": self.runtime,
+            "session_id": self.session_id,
+            "started_seq": self.started_seq,
         }
 
 
@@ -56,20 +70,100 @@ class SpawnerState(KeyedState):
         """The agents this spawner started that have not ended."""
         return [a for a in self.running.values() if a.spawner_id == spawner_id]
 
+    def by_spawner(self) -> dict[str, list[StartedAgent]]:
+        """Unterminated agents grouped by the spawner that started them."""
+        out: dict[str, list[StartedAgent]] = defaultdict(list)
+        for agent in self.running.values():
+            out[agent.spawner_id].append(agent)
+        return dict(out)
+
 
 def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
     """Fold one event into the spawner's state."""
     event = recorded.event
     if isinstance(event, StatusEvent) and event.status_type in ("started", "resumed"):
         spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
-        if isinstance(spawner_id, str):
-            state.running[event.agent_id] = StartedAgent(
-                agent_id=event.agent_id,
-                tree_id=event.tree_id,
-                spawner_id=spawner_id,
-                runtime=str(event.payload.details.get("runtime", "")),
-            )
-            state.touch(event.agent_id)
+        if not isinstance(spawner_id, str):
+            return state
+        if event.status_type == "resumed" and event.agent_id in state.running:
+            return state  # back from a pause: the same instance goes on
+        state.running[event.agent_id] = StartedAgent(
+            agent_id=event.agent_id,
+            tree_id=event.tree_id,
+            spawner_id=spawner_id,
+            runtime=str(event.payload.details.get("runtime", "")),
+            session_id=event.session_id,
+            started_seq=recorded.seq,
+        )
+        state.touch(event.agent_id)
     elif isinstance(event, TerminateEvent) and state.running.pop(event.agent_id, None) is not None:
         state.touch(event.agent_id)
     return state
+
+
+def start_allowed(kind: StartKind, admitted_seq: int, last_terminate_seq: int | None) -> bool:
+    """Whether an admission at `admitted_seq` may start a new instance of its agent.
+
+    A spawn or a fork starts an agent that has never ended; a resume starts one whose last
+    instance ended before the admission. (Whether an instance already started since that end
+    is checked against the log, with the `started` status guarded by the admission.)
+    """
+    if kind == "resume":
+        return last_terminate_seq is not None and admitted_seq > last_terminate_seq
+    return last_terminate_seq is None
+
+
+def fork_spawn(fork: ForkEvent, source: SpawnEvent) -> SpawnEvent:
+    """The spawn a fork runs as: the source's, with what the fork event overrides.
+
+    The fork is a new agent in the source's tree, beside the source (same parent); its task,
+    config and subscriptions default to the source's.
+    """
+    return SpawnEvent(
+        event_id=fork.event_id,
+        agent_id=fork.agent_id,
+        session_id=fork.session_id,
+        tree_id=fork.tree_id or source.tree_id,
+        timestamp=fork.timestamp,
+        causation_id=fork.causation_id,
+        correlation_id=fork.correlation_id,
+        task=fork.task or source.task,
+        parent=source.parent,
+        initial_context=source.initial_context,
+        subscriptions=(
+            list(source.subscriptions) if fork.subscriptions is None else list(fork.subscriptions)
+        ),
+        subscribe_parent=source.subscribe_parent,
+        config=fork.config or source.config,
+        fork_from=fork.source_agent,
+    )
+
+
+@dataclass
+class PeerWatch:
+    """When each spawner was last heard from (a heartbeat or a `started` of its own).
+
+    Times are whatever monotonic clock the caller uses. A spawner never heard from counts as
+    heard at `since`, when the watch began, so a peer gets a full timeout from then.
+    """
+
+    since: float
+    heard: dict[str, float] = field(default_factory=dict)
+
+    def hear(self, spawner_id: str, now: float) -> None:
+        """A sign of life from a spawner."""
+        self.heard[spawner_id] = max(now, self.heard.get(spawner_id, now))
+
+    def silent_for(self, spawner_id: str, now: float) -> float:
+        """Seconds since the spawner was last heard from."""
+        return now - self.heard.get(spawner_id, self.since)
+
+    def lost(
+        self, state: SpawnerState, now: float, timeout: float, own_id: str
+    ) -> dict[str, list[StartedAgent]]:
+        """Peers with unterminated agents not heard from for more than `timeout` seconds."""
+        return {
+            spawner_id: agents
+            for spawner_id, agents in state.by_spawner().items()
+            if spawner_id != own_id and self.silent_for(spawner_id, now) > timeout
+        }

@@ -1,29 +1,35 @@
 """Runtimes: where an agent actually runs, behind one small interface.
 
-A runtime turns an admitted agent into an `Outcome`. Stopping is cancellation: the runtime
-cleans up (a subprocess is terminated, then killed) and lets `CancelledError` through.
+A runtime turns an agent instance (an `AgentRun`) into an `Outcome`. Stopping is cancellation:
+the runtime cleans up (a subprocess is terminated, then killed) and lets `CancelledError`
+through. Pausing goes through the run (`AgentRun.pause`), as far as the runtime allows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import importlib
 import inspect
 import json
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentgrove.context import AgentContext
+from agentgrove.context import AgentContext, AgentSession, StartKind
 from grove_events import SpawnEvent
 
 #: How long a stopped subprocess gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
 #: How much of a failed command's stderr goes into the error.
 STDERR_TAIL = 2000
+#: Least time between two `assistant` entries recorded from a command's stdout.
+RECORD_INTERVAL_S = 1.0
+READ_CHUNK = 65536
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,60 @@ class Outcome:
     tokens: int = 0
 
 
+@dataclass
+class AgentRun:
+    """One instance of an agent, as its runtime sees it, and its pause switch.
+
+    `message` is what the instance starts with besides its task: the resume message, or a
+    fork's initial message. Pausing holds a python agent at its next AgentGrove call and
+    stops a command's process group (SIGSTOP) until it is resumed (SIGCONT).
+    """
+
+    spawn: SpawnEvent
+    context: AgentContext
+    session: AgentSession
+    env: dict[str, str]
+    start: StartKind = "spawn"
+    message: str | None = None
+    paused: bool = False
+    process: asyncio.subprocess.Process | None = field(default=None, repr=False)
+
+    def attach(self, process: asyncio.subprocess.Process) -> None:
+        """The run's process, as soon as it exists (stopped at once if the run is paused)."""
+        self.process = process
+        if self.paused:
+            self._signal(signal.SIGSTOP)
+
+    def pause(self) -> bool:
+        """Pause the run; False when it already was."""
+        if self.paused:
+            return False
+        self.paused = True
+        self.context.pause()
+        self._signal(signal.SIGSTOP)
+        return True
+
+    def resume(self) -> bool:
+        """Let a paused run go on; False when it was not paused."""
+        if not self.paused:
+            return False
+        self.paused = False
+        self._signal(signal.SIGCONT)
+        self.context.unpause()
+        return True
+
+    def _signal(self, sig: int) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+
+
 class Runtime(Protocol):
-    """Runs one agent to its outcome."""
+    """Runs one agent instance to its outcome."""
 
     name: str
 
-    async def run(self, spawn: SpawnEvent, context: AgentContext, env: dict[str, str]) -> Outcome:
+    async def run(self, run: AgentRun) -> Outcome:
         """Run the agent; raise CancelledError through when stopped."""
         ...
 
@@ -79,10 +133,13 @@ class PythonRuntime:
             raise ValueError(f"{entrypoint} must be an async function taking an AgentContext")
         return function  # type: ignore[no-any-return]
 
-    async def run(self, spawn: SpawnEvent, context: AgentContext, env: dict[str, str]) -> Outcome:
-        assert spawn.config.entrypoint is not None
+    async def run(self, run: AgentRun) -> Outcome:
+        """Call the entrypoint with the run's AgentContext; what it returns is the summary."""
+        entrypoint = run.spawn.config.entrypoint
+        assert entrypoint is not None
+        context = run.context
         try:
-            function = self.load(spawn.config.entrypoint)
+            function = self.load(entrypoint)
         except ValueError as exc:
             return Outcome(completed=False, error=str(exc))
         try:
@@ -95,19 +152,35 @@ class PythonRuntime:
                 error=f"{exc.__class__.__name__}: {exc}",
                 attempted=list(context.attempted),
                 partial_results=list(context.partial_results),
+                tokens=context.tokens,
             )
-        return Outcome(completed=True, summary=_as_text(result))
+        return Outcome(completed=True, summary=_as_text(result), tokens=context.tokens)
 
 
 class CommandRuntime:
-    """`config.command = [argv...]`: the task on stdin and in GROVE_TASK, stdout the result."""
+    """`config.command = [argv...]`: a subprocess in its own process group.
+
+    Its input on stdin is the task, or for a resumed or forked instance the message it starts
+    with (the task is in GROVE_TASK, the session in GROVE_SESSION_ID); stdout is the result.
+    The session records stdout as `assistant` entries while the command runs.
+    """
 
     name = "command"
 
-    async def run(self, spawn: SpawnEvent, context: AgentContext, env: dict[str, str]) -> Outcome:
-        assert spawn.config.command is not None
+    async def run(self, run: AgentRun) -> Outcome:
+        """Run the command to its exit."""
+        spawn = run.spawn
         argv = spawn.config.command
-        child_env = {**os.environ, **env, "GROVE_TASK": spawn.task}
+        assert argv is not None
+        child_env = {
+            **os.environ,
+            **run.env,
+            "GROVE_TASK": spawn.task,
+            "GROVE_SESSION_ID": spawn.session_id or spawn.agent_id,
+            "GROVE_START": run.start,
+        }
+        if run.message is not None:
+            child_env["GROVE_MESSAGE"] = run.message
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -119,12 +192,23 @@ class CommandRuntime:
             )
         except OSError as exc:
             return Outcome(completed=False, error=f"cannot execute {argv[0]!r}: {exc.strerror}")
+        run.attach(proc)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        stdin_text = run.message if run.message is not None else spawn.task
+        output: list[str] = []
         try:
-            stdout, stderr = await _exchange(proc, spawn.task.encode())
-        except asyncio.CancelledError:
+            _, _, stderr = await asyncio.gather(
+                _feed(proc.stdin, stdin_text.encode()),
+                _record_output(proc.stdout, run.session, output),
+                proc.stderr.read(),
+            )
+            await proc.wait()
+        except (asyncio.CancelledError, Exception):
             await _end_process(proc)
             raise
-        out = stdout.decode(errors="replace")
+        out = "".join(output)
         if proc.returncode == 0:
             return Outcome(completed=True, summary=out)
         tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
@@ -136,25 +220,40 @@ class CommandRuntime:
         )
 
 
-async def _exchange(proc: asyncio.subprocess.Process, data: bytes) -> tuple[bytes, bytes]:
-    """Write `data` to stdin (a command that never reads it is fine), collect stdout/stderr."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-
-    async def feed(stdin: asyncio.StreamWriter) -> None:
-        try:
+async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    """Write the input and close stdin; a command that does not read it, or has already
+    exited (its pipe closed), is fine."""
+    gone = (BrokenPipeError, ConnectionResetError, RuntimeError)
+    with contextlib.suppress(*gone):
+        if not stdin.is_closing():
             stdin.write(data)
             await stdin.drain()
-        except (BrokenPipeError, ConnectionResetError, RuntimeError):
-            pass  # the command exited or closed its stdin without reading the task
-        finally:
-            with contextlib.suppress(Exception):
-                stdin.close()
+    with contextlib.suppress(*gone):
+        stdin.close()
+        await stdin.wait_closed()
 
-    _, stdout, stderr = await asyncio.gather(
-        feed(proc.stdin), proc.stdout.read(), proc.stderr.read()
-    )
-    await proc.wait()
-    return stdout, stderr
+
+async def _record_output(
+    stdout: asyncio.StreamReader, session: AgentSession, output: list[str]
+) -> None:
+    """Collect stdout into `output`; record whole lines as `assistant` entries, at most one
+    entry per RECORD_INTERVAL_S, and the rest at the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    last = time.monotonic()
+    while data := await stdout.read(READ_CHUNK):
+        text = decoder.decode(data)
+        output.append(text)
+        pending += text
+        if "\n" in pending and time.monotonic() - last >= RECORD_INTERVAL_S:
+            head, _, pending = pending.rpartition("\n")
+            await session.record("assistant", head + "\n")
+            last = time.monotonic()
+    tail = decoder.decode(b"", final=True)
+    output.append(tail)
+    pending += tail
+    if pending:
+        await session.record("assistant", pending)
 
 
 async def _end_process(proc: asyncio.subprocess.Process) -> None:
@@ -163,6 +262,7 @@ async def _end_process(proc: asyncio.subprocess.Process) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once running
     try:
         await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
     except TimeoutError:

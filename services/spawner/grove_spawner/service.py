@@ -2,28 +2,43 @@
 
 Replicas share one durable consumer of status events. For each `admitted` status a replica
 appends `started` guarded by the admitted event's sequence, so exactly one replica starts the
-agent even when the admission is delivered twice. Stops arrive as control events.
+agent instance even when the admission is delivered twice; an admission of an instance that
+has started already, or of one that has ended, starts nothing. An admission says what starts:
+a spawn, a fork (from its fork event and the source's spawn) or a resume (a new instance on the
+same session). An instance's terminate is guarded by the sequence of the agent's previous
+terminate, so it ends once, whoever ends it.
+
+The projection of started agents, fed with every event, also carries the live reactions:
+stops and pauses (control events), ends decided elsewhere (a terminate from the governor or a
+peer), and which peers are alive. Spawners publish heartbeats on core NATS; a peer silent for
+`GROVE_SPAWNER_TIMEOUT` seconds is lost, and its agents end as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Self, cast
 
-from pydantic import Field
+from nats.aio.msg import Msg
+from prometheus_client import Counter
+from pydantic import Field, model_validator
 
-from agentgrove.context import AgentContext
+from agentgrove.context import AgentContext, StartKind
 from grove_core import metrics
 from grove_core.log import (
     ConcurrencyConflict,
     Delivery,
     DurableConsumer,
     EventLog,
+    RawRecord,
     Recorded,
     decode_record,
 )
@@ -32,6 +47,8 @@ from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import (
     ControlEvent,
+    Event,
+    ForkEvent,
     InvalidEvent,
     ResultSummary,
     SpawnEvent,
@@ -40,31 +57,95 @@ from grove_events import (
     TerminateEvent,
     Usage,
     new_id,
+    rpc_subject,
     subject_for,
 )
-from grove_spawner.domain import SPAWNER_ID_DETAIL, SpawnerState, evolve
-from grove_spawner.runtimes import RUNTIMES, Outcome
+from grove_spawner.domain import (
+    SPAWNER_ID_DETAIL,
+    START_KINDS,
+    PeerWatch,
+    SpawnerState,
+    StartedAgent,
+    evolve,
+    fork_spawn,
+    start_allowed,
+)
+from grove_spawner.runtimes import RUNTIMES, AgentRun, Outcome
+from grove_spawner.sessions import SessionStore, StoredSession, sessions_database_url
 
 log = logging.getLogger(__name__)
 
 NAME = "spawner"
 DURABLE = "spawner"
+HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
+#: How long one fetch of the durable consumer waits (DurableConsumer.run).
+FETCH_TIMEOUT_S = 1.0
+#: How deep a chain of forks of forks is followed back to its spawn.
+MAX_FORK_DEPTH = 64
+
+LOST_AGENTS = Counter(
+    "grove_spawner_lost_agents_total",
+    "Agents ended as failed because the spawner running them was lost.",
+    ["cause"],
+)
 
 
 class SpawnerSettings(ServiceSettings):
     """Spawner settings; `GROVE_SPAWNER_ID` must be stable across restarts of one replica."""
 
     spawner_id: str = Field(default_factory=socket.gethostname)
+    heartbeat_interval: float = Field(
+        default=2.0, gt=0, description="Seconds between heartbeats (GROVE_HEARTBEAT_INTERVAL)."
+    )
+    spawner_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        lt=30,
+        description="Seconds of silence after which a peer spawner is lost "
+        "(GROVE_SPAWNER_TIMEOUT, under 30).",
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_within_timeout(self) -> Self:
+        if self.heartbeat_interval >= self.spawner_timeout:
+            raise ValueError(
+                f"GROVE_HEARTBEAT_INTERVAL ({self.heartbeat_interval}s) must be shorter than "
+                f"GROVE_SPAWNER_TIMEOUT ({self.spawner_timeout}s), or live spawners look lost"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What an agent runs as: its spawn (for a fork, made from the fork and its source)."""
+
+    spawn: SpawnEvent
+    fork: ForkEvent | None = None
+    source_session: str | None = None
 
 
 @dataclass
 class RunningAgent:
-    """An agent this process is running."""
+    """An agent instance this process is starting or running."""
 
     spawn: SpawnEvent
     tree_id: str
+    start: StartKind = "spawn"
+    fork: ForkEvent | None = None
+    source_session: str | None = None
+    message: str | None = None
+    #: Sequence of the agent's last terminate before this instance (0: none), the guard of
+    #: this instance's terminate.
+    terminate_guard: int = 0
+    tokens_before: int = 0
+    started_seq: int = 0
     task: asyncio.Task[None] | None = None
+    run: AgentRun | None = None
     stop_reason: str | None = None
+    #: Someone else (the governor, a peer) appended this instance's terminate.
+    ended_elsewhere: bool = False
+    #: The agent appended `completed` or `failed` itself (seen on the log).
+    reported_end: bool = False
     started_at: float = 0.0
 
 
@@ -75,24 +156,51 @@ def cut_to_budget(text: str, budget: int) -> tuple[str, bool]:
     return text[:budget], True
 
 
+def _decode(record: RawRecord | None) -> Event | None:
+    if record is None:
+        return None
+    try:
+        return decode_record(record).event
+    except InvalidEvent:
+        return None
+
+
 class Spawner:
     """Runs admitted agents on their runtimes."""
 
     def __init__(
-        self, event_log: EventLog, store: ProjectionStore, spawner_id: str, nats_url: str
+        self,
+        event_log: EventLog,
+        store: ProjectionStore,
+        spawner_id: str,
+        nats_url: str,
+        *,
+        sessions: SessionStore,
+        heartbeat_interval: float = 2.0,
+        spawner_timeout: float = 15.0,
     ) -> None:
         self.log = event_log
         self.spawner_id = spawner_id
         self.nats_url = nats_url
+        self.sessions = sessions
+        self.heartbeat_interval = heartbeat_interval
+        self.spawner_timeout = spawner_timeout
         self.running: dict[str, RunningAgent] = {}
+        #: Whether a `pause_all` is in force (no `resume_all` after it yet).
+        self.paused = False
+        self.peers = PeerWatch(since=time.monotonic())
+        #: Lost agents already ended (agent id -> started_seq of the instance), not retried.
+        self._ended_lost: dict[str, int] = {}
         self.consumer = DurableConsumer(event_log, DURABLE, subject_for("status", "*"))
+        self.consumer_task: asyncio.Task[None] | None = None
         self.runner: ProjectionRunner[SpawnerState] = ProjectionRunner(
             name=f"spawner-{spawner_id}",
             log=event_log,
             store=store,
             state_type=SpawnerState,
             evolve=evolve,
-            on_caught_up=self.fail_lost_agents,
+            after_event=self._after_event,
+            on_caught_up=self._on_caught_up,
         )
 
     # -- starting ----------------------------------------------------------------------------
@@ -110,70 +218,188 @@ class Spawner:
         await delivery.ack()
 
     async def start(self, admitted: Recorded, status: StatusEvent) -> None:
-        """Start an admitted agent, unless another replica already did."""
+        """Start the instance an admission is for, unless it started already or elsewhere."""
         agent_id = status.agent_id
         if agent_id in self.running:
             return
-        raw = await self.log.get_last(subject_for("spawn", agent_id))
-        if raw is None:
-            log.error("admitted agent %s has no spawn event; ignoring", agent_id)
+        kind = status.payload.details.get("start", "spawn")
+        if kind not in START_KINDS:
+            log.error("admission of %s names an unknown start %r; ignoring", agent_id, kind)
             return
-        spawn = decode_record(raw).event
-        assert isinstance(spawn, SpawnEvent)
-        tree_id = status.tree_id or spawn.tree_id or agent_id
-        agent = RunningAgent(spawn=spawn, tree_id=tree_id)
+        kind = cast(StartKind, kind)
+        last_end = await self.log.get_last(subject_for("terminate", agent_id))
+        end_seq = None if last_end is None else last_end.seq
+        if not start_allowed(kind, admitted.seq, end_seq):
+            log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
+            return
+        if await self._started_since(agent_id, end_seq or 0):
+            log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
+            return
+        agent = await self._instance(status, kind, last_end)
+        if agent is None:
+            return
+        spawn = agent.spawn
         self.running[agent_id] = agent
+        details: dict[str, Any] = {
+            SPAWNER_ID_DETAIL: self.spawner_id,
+            "runtime": spawn.config.runtime,
+            "start": kind,
+        }
+        if spawn.fork_from is not None:
+            details["fork_of"] = spawn.fork_from
         try:
-            await self.log.append(
-                StatusEvent(
-                    event_id=new_id(),
-                    agent_id=agent_id,
-                    session_id=spawn.session_id,
-                    tree_id=tree_id,
-                    timestamp=datetime.now(UTC),
-                    causation_id=status.event_id,
-                    status_type="started",
-                    payload=StatusPayload(
-                        summary=f"started on {spawn.config.runtime}",
-                        details={
-                            SPAWNER_ID_DETAIL: self.spawner_id,
-                            "runtime": spawn.config.runtime,
-                        },
-                    ),
-                ),
+            appended = await self.log.append(
+                self._status(agent, "started", f"started on {spawn.config.runtime}", details),
                 expect_last_seq=admitted.seq,
             )
         except ConcurrencyConflict:
             self.running.pop(agent_id, None)
             log.info("%s was started elsewhere", agent_id)
             return
-        if spawn.timestamp is not None:
+        except BaseException:
+            self.running.pop(agent_id, None)
+            raise
+        agent.started_seq = appended.seq
+        agent.started_at = time.monotonic()
+        if kind == "spawn" and spawn.timestamp is not None:
             metrics.SPAWN_TO_STARTED.observe(
                 max(0.0, (datetime.now(UTC) - spawn.timestamp).total_seconds())
             )
-        agent.started_at = time.monotonic()
-        stop = await self.log.get_last(subject_for("control", agent_id))
-        if stop is not None:
-            with contextlib.suppress(InvalidEvent):
-                control = decode_record(stop).event
-                if isinstance(control, ControlEvent) and control.action == "stop":
-                    agent.stop_reason = control.reason or "stopped"
+        await self._check_stopped(agent)
+        if agent.ended_elsewhere:
+            self.running.pop(agent_id, None)
+            return
         if agent.stop_reason is not None:
             self.running.pop(agent_id, None)
             await self._terminate(agent, "stopped", summary=agent.stop_reason)
             return
         agent.task = asyncio.create_task(self._run(agent), name=f"agent-{agent_id}")
 
+    async def _instance(
+        self, status: StatusEvent, kind: StartKind, last_end: RawRecord | None
+    ) -> RunningAgent | None:
+        """The instance an admission starts, from the agent's origin and its last end."""
+        agent_id = status.agent_id
+        origin = await self._origin(agent_id)
+        if origin is None:
+            log.error("admitted agent %s has no spawn or fork event; ignoring", agent_id)
+            return None
+        spawn = origin.spawn
+        agent = RunningAgent(
+            spawn=spawn,
+            tree_id=status.tree_id or spawn.tree_id or agent_id,
+            start=kind,
+            fork=origin.fork,
+            source_session=origin.source_session,
+            terminate_guard=0 if last_end is None else last_end.seq,
+        )
+        if kind == "resume":
+            agent.message = await self._resume_message(status, agent)
+            ended = _decode(last_end)
+            if isinstance(ended, TerminateEvent):
+                agent.tokens_before = ended.usage.tokens
+        elif origin.fork is not None:
+            agent.message = origin.fork.initial_message
+        return agent
+
+    async def _check_stopped(self, agent: RunningAgent) -> None:
+        """Note a stop asked for before the instance started (after its last end)."""
+        raw = await self.log.get_last(subject_for("control", agent.spawn.agent_id))
+        control = _decode(raw)
+        if (
+            raw is not None
+            and isinstance(control, ControlEvent)
+            and control.action == "stop"
+            and raw.seq > agent.terminate_guard
+        ):
+            agent.stop_reason = agent.stop_reason or control.reason or "stopped"
+
+    async def _started_since(self, agent_id: str, after_seq: int) -> bool:
+        """Whether a `started` status of the agent is in the log after `after_seq`."""
+        records = cast(
+            AsyncGenerator[RawRecord, None],
+            self.log.read(
+                after_seq + 1,
+                subjects=subject_for("status", agent_id),
+                follow=True,
+                idle_timeout=2.0,
+            ),
+        )
+        async with contextlib.aclosing(records):
+            async for raw in records:
+                event = _decode(raw)
+                if isinstance(event, StatusEvent) and event.status_type == "started":
+                    return True
+                if raw.pending == 0:
+                    break
+        return False
+
+    async def _origin(self, agent_id: str, depth: int = 0) -> Origin | None:
+        """The spawn an agent runs as, following a fork back to its source's spawn."""
+        spawn = _decode(await self.log.get_last(subject_for("spawn", agent_id)))
+        if isinstance(spawn, SpawnEvent):
+            return Origin(spawn)
+        fork = _decode(await self.log.get_last(subject_for("fork", agent_id)))
+        if not isinstance(fork, ForkEvent) or depth >= MAX_FORK_DEPTH:
+            return None
+        source = await self._origin(fork.source_agent, depth + 1)
+        if source is None:
+            log.error("fork %s: its source %s has no spawn or fork", agent_id, fork.source_agent)
+            return None
+        return Origin(
+            fork_spawn(fork, source.spawn),
+            fork,
+            fork.source_session or source.spawn.session_id or fork.source_agent,
+        )
+
+    async def _resume_message(self, status: StatusEvent, agent: RunningAgent) -> str | None:
+        """The message a resume brings: from the admission, else from the `control resume`."""
+        message = status.payload.details.get("message")
+        if isinstance(message, str):
+            return message
+        raw = await self.log.get_last(subject_for("control", agent.spawn.agent_id))
+        control = _decode(raw)
+        if (
+            raw is not None
+            and isinstance(control, ControlEvent)
+            and control.action == "resume"
+            and raw.seq > agent.terminate_guard
+        ):
+            return control.message
+        return None
+
+    # -- running -----------------------------------------------------------------------------
+
     async def _run(self, agent: RunningAgent) -> None:
         spawn = agent.spawn
         runtime = RUNTIMES.get(spawn.config.runtime)
-        context = AgentContext(self.log, spawn, agent.tree_id)
-        env = {
-            "GROVE_AGENT_ID": spawn.agent_id,
-            "GROVE_TREE_ID": agent.tree_id,
-            "GROVE_NATS_URL": self.nats_url,
-        }
+        context: AgentContext | None = None
         try:
+            session = await self._open_session(agent)
+            context = AgentContext(
+                self.log,
+                spawn,
+                agent.tree_id,
+                session=session,
+                start=agent.start,
+                resume_message=agent.message if agent.start == "resume" else None,
+                tokens=agent.tokens_before,
+            )
+            run = AgentRun(
+                spawn=spawn,
+                context=context,
+                session=session,
+                env={
+                    "GROVE_AGENT_ID": spawn.agent_id,
+                    "GROVE_TREE_ID": agent.tree_id,
+                    "GROVE_NATS_URL": self.nats_url,
+                },
+                start=agent.start,
+                message=agent.message,
+            )
+            agent.run = run
+            if self.paused:
+                await self._pause(agent, "the system is paused")
             if runtime is None:
                 outcome = Outcome(
                     completed=False,
@@ -181,44 +407,99 @@ class Spawner:
                     f"(available: {', '.join(RUNTIMES)})",
                 )
             else:
-                outcome = await runtime.run(spawn, context, env)
+                outcome = await runtime.run(run)
         except asyncio.CancelledError:
-            await self._terminate(agent, "stopped", summary=agent.stop_reason or "stopped")
+            self.running.pop(spawn.agent_id, None)
+            if not agent.ended_elsewhere:
+                tokens = context.tokens if context is not None else agent.tokens_before
+                await self._terminate(
+                    agent, "stopped", summary=agent.stop_reason or "stopped", tokens=tokens
+                )
             return
         except Exception as exc:
             log.exception("runtime crashed for %s", spawn.agent_id)
             outcome = Outcome(completed=False, error=f"runtime error: {exc!r}")
         finally:
             self.running.pop(spawn.agent_id, None)
+        tokens = max(outcome.tokens, context.tokens if context is not None else 0)
+        if tokens > agent.tokens_before:
+            metrics.TOKENS_USED.labels(spawn.config.runtime).inc(tokens - agent.tokens_before)
         if outcome.completed:
-            await self._terminate(
-                agent, "completed", summary=outcome.summary, tokens=outcome.tokens
-            )
+            if not await self._reported_end(agent, context):
+                await self._report_silent_completion(agent, outcome, tokens)
+            await self._terminate(agent, "completed", summary=outcome.summary, tokens=tokens)
         else:
             metrics.RUNTIME_ERRORS.labels(spawn.config.runtime).inc()
-            await self._report_failure(agent, outcome)
-            await self._terminate(agent, "failed", error=outcome.error, tokens=outcome.tokens)
+            await self._report_failure(agent, outcome, tokens)
+            await self._terminate(agent, "failed", error=outcome.error, tokens=tokens)
 
-    async def _report_failure(self, agent: RunningAgent, outcome: Outcome) -> None:
+    async def _open_session(self, agent: RunningAgent) -> StoredSession:
         spawn = agent.spawn
+        entries = await asyncio.to_thread(
+            self.sessions.open,
+            agent.start,
+            spawn,
+            fork=agent.fork,
+            source_session=agent.source_session,
+            resume_message=agent.message if agent.start == "resume" else None,
+            now=datetime.now(UTC),
+        )
+        return StoredSession(
+            self.sessions, spawn.session_id or spawn.agent_id, spawn.agent_id, entries
+        )
+
+    async def _reported_end(self, agent: RunningAgent, context: AgentContext | None) -> bool:
+        """Whether the agent itself appended `completed` or `failed` during this instance."""
+        if agent.reported_end or (context is not None and context.reported_end):
+            return True
+        raw = await self.log.get_last(subject_for("status", agent.spawn.agent_id))
+        status = _decode(raw)
+        return (
+            raw is not None
+            and raw.seq > agent.started_seq
+            and isinstance(status, StatusEvent)
+            and status.status_type in ("completed", "failed")
+        )
+
+    def _status(
+        self,
+        agent: RunningAgent,
+        status_type: str,
+        summary: str = "",
+        details: dict[str, Any] | None = None,
+    ) -> StatusEvent:
+        spawn = agent.spawn
+        return StatusEvent(
+            event_id=new_id(),
+            agent_id=spawn.agent_id,
+            session_id=spawn.session_id,
+            tree_id=agent.tree_id,
+            timestamp=datetime.now(UTC),
+            causation_id=spawn.event_id,
+            status_type=status_type,
+            payload=StatusPayload(summary=summary, details=details or {}),
+        )
+
+    async def _report_silent_completion(
+        self, agent: RunningAgent, outcome: Outcome, tokens: int
+    ) -> None:
+        """The run ended well but the agent never said so: say it for the agent."""
+        text, _ = cut_to_budget(outcome.summary, min(agent.spawn.config.return_budget, 500))
+        details: dict[str, Any] = {"system_notice": "silent_completion"}
+        if tokens:
+            details["tokens"] = tokens
+        await self.log.append(self._status(agent, "completed", text, details))
+
+    async def _report_failure(self, agent: RunningAgent, outcome: Outcome, tokens: int) -> None:
+        details: dict[str, Any] = {
+            "error": outcome.error,
+            "attempted": outcome.attempted,
+            "partial_results": outcome.partial_results,
+        }
+        if tokens:
+            details["tokens"] = tokens
         await self.log.append(
-            StatusEvent(
-                event_id=new_id(),
-                agent_id=spawn.agent_id,
-                session_id=spawn.session_id,
-                tree_id=agent.tree_id,
-                timestamp=datetime.now(UTC),
-                causation_id=spawn.event_id,
-                status_type="failed",
-                payload=StatusPayload(
-                    summary=(outcome.error or "failed")[:500],
-                    details={
-                        "error": outcome.error,
-                        "attempted": outcome.attempted,
-                        "partial_results": outcome.partial_results,
-                    },
-                ),
-            )
+            self._status(agent, "failed", (outcome.error or "failed")[:500], details)
         )
 
     async def _terminate(
@@ -247,59 +528,172 @@ class Spawner:
                     error=error,
                     usage=Usage(tokens=tokens, runtime_s=round(runtime_s, 6)),
                 ),
-                expect_last_seq=0,
+                expect_last_seq=agent.terminate_guard,
             )
         except ConcurrencyConflict:
             log.info("%s was already terminated", spawn.agent_id)
 
-    # -- stopping ----------------------------------------------------------------------------
+    # -- live reactions ----------------------------------------------------------------------
 
-    async def follow_controls(self) -> None:
-        """Act on stop controls for the agents this process runs."""
-        tip = await self.log.last_seq()
-        async for item in self.log.events(
-            tip + 1, subjects=subject_for("control", "*"), follow=True
-        ):
-            if not isinstance(item, Recorded):
-                continue
-            event = item.event
-            if isinstance(event, ControlEvent) and event.action == "stop":
-                agent = self.running.get(event.agent_id)
-                if agent is not None and agent.task is not None and agent.stop_reason is None:
-                    agent.stop_reason = event.reason or "stopped"
+    async def _after_event(self, recorded: Recorded, live: bool) -> None:
+        event = recorded.event
+        if isinstance(event, StatusEvent):
+            spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
+            if event.status_type == "started" and isinstance(spawner_id, str):
+                self.peers.hear(spawner_id, time.monotonic())
+            agent = self.running.get(event.agent_id)
+            if (
+                agent is not None
+                and event.status_type in ("completed", "failed")
+                and recorded.seq > agent.started_seq > 0
+            ):
+                agent.reported_end = True
+        elif isinstance(event, ControlEvent):
+            if event.action == "pause_all":
+                self.paused = True
+                if live:
+                    await self._pause_all(event)
+            elif event.action == "resume_all":
+                self.paused = False
+                if live:
+                    await self._resume_all()
+            elif event.action == "stop" and live:
+                self._stop(event)
+        elif isinstance(event, TerminateEvent) and live:
+            agent = self.running.get(event.agent_id)
+            if agent is not None and recorded.seq > agent.terminate_guard:
+                log.info(
+                    "%s ended elsewhere (%s); cancelling its run", event.agent_id, event.reason
+                )
+                agent.ended_elsewhere = True
+                if agent.task is not None:
                     agent.task.cancel()
-                elif agent is not None:
-                    agent.stop_reason = event.reason or "stopped"
 
-    # -- recovery ----------------------------------------------------------------------------
+    def _stop(self, control: ControlEvent) -> None:
+        agent = self.running.get(control.agent_id)
+        if agent is None or agent.stop_reason is not None:
+            return
+        agent.stop_reason = control.reason or "stopped"
+        if agent.task is not None:
+            agent.task.cancel()
+
+    async def _pause(self, agent: RunningAgent, summary: str, by: str | None = None) -> None:
+        if agent.run is None or not agent.run.pause():
+            return
+        details: dict[str, Any] = {SPAWNER_ID_DETAIL: self.spawner_id}
+        if by is not None:
+            details["by"] = by
+        await self.log.append(self._status(agent, "paused", summary, details))
+
+    async def _pause_all(self, control: ControlEvent) -> None:
+        summary = "paused: " + (control.reason or f"pause_all by {control.agent_id}")
+        for agent in list(self.running.values()):
+            await self._pause(agent, summary, control.agent_id)
+
+    async def _resume_all(self) -> None:
+        for agent in list(self.running.values()):
+            if agent.run is not None and agent.run.resume():
+                await self.log.append(
+                    self._status(
+                        agent,
+                        "resumed",
+                        "resumed after a pause",
+                        {"from": "pause", SPAWNER_ID_DETAIL: self.spawner_id},
+                    )
+                )
+
+    # -- heartbeats and lost peers -----------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Tell the peers this spawner is alive, and which agents it runs, every interval."""
+        while True:
+            body = {
+                "spawner_id": self.spawner_id,
+                "agents": sorted(self.running),
+                "time": datetime.now(UTC).isoformat(),
+            }
+            try:
+                await self.log.nc.publish(HEARTBEAT_SUBJECT, json.dumps(body).encode())
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+                log.debug("heartbeat not sent: %r", exc)
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            spawner_id = json.loads(msg.data).get("spawner_id")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(spawner_id, str):
+            self.peers.hear(spawner_id, time.monotonic())
+
+    async def watch_peers(self) -> None:
+        """Listen to the peers' heartbeats; end the agents of a peer that went silent."""
+        sub = await self.log.nc.subscribe(HEARTBEAT_SUBJECT, cb=self._on_heartbeat)
+        try:
+            await self.runner.caught_up.wait()
+            while True:
+                await asyncio.sleep(min(1.0, self.spawner_timeout / 5))
+                try:
+                    await self.fail_lost_peers()
+                except Exception:
+                    log.exception("could not end the agents of a lost spawner; will retry")
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def fail_lost_peers(self) -> None:
+        """End, as failed, the agents of every peer silent for longer than the timeout."""
+        now = time.monotonic()
+        lost = self.peers.lost(self.runner.state, now, self.spawner_timeout, self.spawner_id)
+        for spawner_id, agents in lost.items():
+            silent = self.peers.silent_for(spawner_id, now)
+            error = f"spawner {spawner_id} lost (no heartbeat for {silent:.0f}s)"
+            for started in agents:
+                if self._ended_lost.get(started.agent_id) == started.started_seq:
+                    continue
+                self._ended_lost[started.agent_id] = started.started_seq
+                if await self._terminate_lost(started, error):
+                    LOST_AGENTS.labels("peer").inc()
+
+    async def _on_caught_up(self) -> None:
+        self.peers.since = time.monotonic()
+        await self.fail_lost_agents()
 
     async def fail_lost_agents(self) -> None:
         """After a restart: agents this spawner started before are gone; say so."""
+        error = f"spawner {self.spawner_id} restarted; the agent's run was lost"
         for started in self.runner.state.started_by(self.spawner_id):
             if started.agent_id in self.running:
                 continue
-            await self._terminate_lost(started.agent_id, started.tree_id)
+            if await self._terminate_lost(started, error):
+                LOST_AGENTS.labels("restart").inc()
 
-    async def _terminate_lost(self, agent_id: str, tree_id: str | None) -> None:
-        error = f"spawner {self.spawner_id} restarted; the agent's run was lost"
+    async def _terminate_lost(self, started: StartedAgent, error: str) -> bool:
+        """End a lost instance as failed, unless it has ended; False when it had."""
+        last = await self.log.get_last(subject_for("terminate", started.agent_id))
+        if last is not None and last.seq > started.started_seq:
+            return False
         try:
             await self.log.append(
                 TerminateEvent(
                     event_id=new_id(),
-                    agent_id=agent_id,
-                    tree_id=tree_id,
+                    agent_id=started.agent_id,
+                    session_id=started.session_id,
+                    tree_id=started.tree_id,
                     timestamp=datetime.now(UTC),
                     reason="failed",
+                    result=ResultSummary(summary=error),
                     error=error,
                 ),
-                expect_last_seq=0,
+                expect_last_seq=0 if last is None else last.seq,
             )
         except ConcurrencyConflict:
-            return
-        log.warning("%s: %s", agent_id, error)
+            return False
+        log.warning("%s: %s", started.agent_id, error)
+        return True
 
     async def shutdown(self) -> None:
-        """Stop every running agent (they end as stopped)."""
+        """Stop every running agent (they end as stopped), then stop taking admissions."""
         for agent in list(self.running.values()):
             if agent.task is not None:
                 agent.stop_reason = agent.stop_reason or f"spawner {self.spawner_id} shut down"
@@ -307,20 +701,47 @@ class Spawner:
         tasks = [a.task for a in self.running.values() if a.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+        await self._release_consumer()
+
+    async def _release_consumer(self) -> None:
+        # The consumer loop ends within one fetch once the service's stop event is set. Its
+        # pull subscription is then dropped here: nats-py's fetch takes stale messages off that
+        # subscription's queue without marking them done, and the connection's drain would
+        # wait for them until the process is killed.
+        if self.consumer_task is not None:
+            await asyncio.wait([self.consumer_task], timeout=2 * FETCH_TIMEOUT_S)
+        sub = self.consumer._sub
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
 
 async def setup(service: Service) -> None:
     """Start a spawner inside a service process."""
     assert service.log is not None
-    settings = SpawnerSettings()
+    settings = (
+        service.settings if isinstance(service.settings, SpawnerSettings) else SpawnerSettings()
+    )
     store = ProjectionStore(settings.database_for(f"spawner-{settings.spawner_id}"))
-    spawner = Spawner(service.log, store, settings.spawner_id, settings.nats_url)
+    sessions = SessionStore(sessions_database_url(settings))
+    spawner = Spawner(
+        service.log,
+        store,
+        settings.spawner_id,
+        settings.nats_url,
+        sessions=sessions,
+        heartbeat_interval=settings.heartbeat_interval,
+        spawner_timeout=settings.spawner_timeout,
+    )
     service.ready_checks.append(spawner.runner.caught_up.is_set)
+    service.spawn(spawner.heartbeat(), "spawner-heartbeat")
     service.spawn(spawner.runner.run(), "spawner-projection")
+    service.spawn(spawner.watch_peers(), "spawner-peers")
     await spawner.runner.caught_up.wait()
     await spawner.consumer.start()
-    service.spawn(spawner.consumer.run(spawner.on_status, service.stop_event), "spawner-consumer")
-    service.spawn(spawner.follow_controls(), "spawner-controls")
+    spawner.consumer_task = service.spawn(
+        spawner.consumer.run(spawner.on_status, service.stop_event), "spawner-consumer"
+    )
     service.on_stop.append(spawner.shutdown)
 
 

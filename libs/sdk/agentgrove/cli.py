@@ -1,0 +1,951 @@
+"""The `grove` command: run the local stack, spawn and stop agents, watch and replay the log.
+
+Every command talks to AgentGrove only through the event log on NATS. Errors a user can cause
+end in one line on stderr (`grove: error: ...`) and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, TypeAlias, TypeVar
+
+import nats.errors
+import nats.js.errors
+from pydantic import ValidationError
+
+from agentgrove.client import GroveClient, UnknownAgent, build_config, discover_url
+from agentgrove.demo import ROOT_ENTRYPOINT, ROOT_TASK
+from agentgrove.stack import Stack, StackError
+from grove_core.log import EventLog, LogError, RawRecord, Recorded, decode_record, is_deadletter
+from grove_core.natsserver import NatsServerError, free_port
+from grove_core.tree import AgentNode, TreeState, evolve
+from grove_events import (
+    ArtifactEvent,
+    ControlEvent,
+    Event,
+    ForkEvent,
+    HitlEvent,
+    InvalidEvent,
+    MessageEvent,
+    SpawnEvent,
+    StatusEvent,
+    TerminateEvent,
+    agent_wildcard,
+    to_dict,
+)
+from grove_events.envelope import TOKEN_PATTERN
+
+T = TypeVar("T")
+
+ALL_SUBJECTS = "grove.>"
+DEFAULT_DATA_DIR = ".grove"
+DEFAULT_NATS_PORT = 4222
+#: Seconds a connection attempt may take before the command gives up.
+CONNECT_TIMEOUT_S = 2.0
+#: How often `grove up` looks for services that died.
+SUPERVISE_INTERVAL_S = 1.0
+#: How long `grove demo` waits for its root agent to end.
+DEMO_TIMEOUT_S = 45.0
+#: How often `grove demo` looks whether the tree changed.
+REFRESH_S = 0.1
+
+#: A stored message, decoded when it is a valid event.
+Item = tuple[RawRecord, Recorded | InvalidEvent]
+
+
+class CliError(Exception):
+    """An error the user can act on; printed as one line, exit code 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `grove: error: ...` with a pointer to --help, exit 2."""
+        self.exit(2, f"grove: error: {message} (see `{self.prog} --help`)\n")
+
+
+# -- connecting ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Connection:
+    """A client connection that fails fast, and notices when it is lost."""
+
+    client: GroveClient
+    url: str
+    closed: asyncio.Event
+
+    @property
+    def log(self) -> EventLog:
+        """The event log behind the client."""
+        return self.client.log
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await `work`; fail with a clear error if the connection is lost meanwhile."""
+        task = asyncio.ensure_future(work)
+        lost = asyncio.ensure_future(self.closed.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, lost, return_exceptions=True)
+        if not task.cancelled():
+            return task.result()
+        raise CliError(f"lost the connection to NATS at {self.url}")
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str) -> AsyncIterator[Connection]:
+    """Connect to NATS at `url` without retrying: a missing server is an error within seconds."""
+    closed = asyncio.Event()
+
+    async def on_closed() -> None:
+        closed.set()
+
+    async def on_error(_: Exception) -> None:
+        return None
+
+    client = await GroveClient.connect(
+        url,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        allow_reconnect=False,
+        # nats-py's server selection treats 0 attempts as "no limit"; 1 gives up after a retry.
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0.1,
+        closed_cb=on_closed,
+        error_cb=on_error,
+    )
+    try:
+        yield Connection(client, url, closed)
+    finally:
+        await client.close()
+
+
+async def reachable(url: str) -> bool:
+    """Whether a NATS server answers at `url`."""
+    try:
+        async with connect(url):
+            return True
+    except LogError:
+        return False
+
+
+async def tip(log: EventLog) -> int:
+    """The sequence of the newest message in the log."""
+    try:
+        return await log.last_seq()
+    except nats.js.errors.NotFoundError:
+        raise CliError(
+            f"the NATS server has no {log.stream} stream; start the stack with `grove up`"
+        ) from None
+
+
+async def require_agent(client: GroveClient, agent_id: str) -> None:
+    """Raise UnknownAgent unless the log names `agent_id`."""
+    if not await client.exists(agent_id):
+        raise UnknownAgent(agent_id)
+
+
+# -- reading the log ------------------------------------------------------------------------------
+
+
+def decode_item(record: RawRecord) -> Item:
+    """A stored message with its decoded event, or with why it is not a valid one."""
+    try:
+        return record, decode_record(record)
+    except InvalidEvent as exc:
+        return record, exc
+
+
+async def records(
+    log: EventLog,
+    from_seq: int,
+    *,
+    subjects: str = ALL_SUBJECTS,
+    follow: bool = False,
+    since: datetime | None = None,
+) -> AsyncIterator[Item]:
+    """Stored messages from `from_seq` (dead letters left out), to the tip or, with `follow`, on.
+
+    `since` leaves out the messages the stream stored before that time.
+    """
+    until: int | None = None
+    if not follow:
+        until = await _last_on(log, subjects)
+        if until < from_seq:
+            return
+    async for record in log.read(from_seq, subjects=subjects, until_seq=until, follow=follow):
+        if is_deadletter(record.subject):
+            continue
+        if since is not None and record.timestamp < since:
+            continue
+        yield decode_item(record)
+
+
+async def _last_on(log: EventLog, subjects: str) -> int:
+    # A replay of a subset must end at the subset's own newest message, not at the tip.
+    if subjects == ALL_SUBJECTS:
+        return await tip(log)
+    await tip(log)
+    last = await log.get_last(subjects)
+    return 0 if last is None else last.seq
+
+
+async def fold_tree(log: EventLog) -> TreeState:
+    """The agent tree, folded from a replay of the whole log."""
+    state = TreeState()
+    async for _, item in records(log, 1):
+        if isinstance(item, Recorded):
+            state = evolve(state, item)
+    return state
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def clip(text: str, width: int) -> str:
+    """`text` on one line, cut to `width` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: max(width - 3, 0)] + "..."
+
+
+def short_id(agent_id: str) -> str:
+    """A short form of an agent id: the random tail of a UUIDv7, or a short id as it is."""
+    return agent_id if len(agent_id) <= 12 else agent_id[-8:]
+
+
+def format_time(value: datetime) -> str:
+    """A UTC time with milliseconds, ISO 8601."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def describe(event: Event) -> str:
+    """What an event says, in a few words."""
+    match event:
+        case SpawnEvent():
+            parent = f" parent={short_id(event.parent)}" if event.parent else ""
+            return f"{event.config.runtime}{parent} task={clip(event.task, 60)!r}"
+        case StatusEvent():
+            summary = event.payload.summary
+            return event.status_type + (f": {clip(summary, 80)}" if summary else "")
+        case TerminateEvent():
+            text = event.result.summary
+            out = event.reason + (f": {clip(text, 80)}" if text else "")
+            return out + (f" error: {clip(event.error, 80)}" if event.error else "")
+        case ControlEvent():
+            note = event.reason or event.message or ""
+            return event.action + (f": {clip(note, 80)}" if note else "")
+        case ForkEvent():
+            return f"from {short_id(event.source_agent)}: {clip(event.reason, 60)}"
+        case MessageEvent():
+            target = short_id(event.to) if event.to else f"topic:{event.topic}"
+            return f"to {target}: {clip(event.content, 60)}"
+        case HitlEvent():
+            said = (event.prompt if event.action == "request" else event.answer) or ""
+            return f"{event.action} {short_id(event.request_id)}: {clip(said, 60)}"
+        case ArtifactEvent():
+            return f"{event.name} ({event.size} bytes, {event.media_type})"
+    return ""
+
+
+def format_line(item: Item) -> str:
+    """One stored message as one human-readable line."""
+    record, decoded = item
+    if isinstance(decoded, InvalidEvent):
+        when = format_time(record.timestamp)
+        return f"{record.seq:>6}  {when}  INVALID    {record.subject}: {clip(decoded.reason, 100)}"
+    event = decoded.event
+    when = format_time(event.timestamp or record.timestamp)
+    return (
+        f"{record.seq:>6}  {when}  {event.type:<9}  {short_id(event.agent_id):<12}  "
+        f"{describe(event)}"
+    )
+
+
+def format_json(item: Item) -> str:
+    """One stored message as one JSON line: its seq, subject, and the event or the error."""
+    record, decoded = item
+    out: dict[str, Any] = {"seq": record.seq, "subject": record.subject}
+    if isinstance(decoded, InvalidEvent):
+        out["invalid"] = decoded.reason
+        out["data"] = record.data.decode("utf-8", errors="replace")
+    else:
+        out["event"] = to_dict(decoded.event)
+    return json.dumps(out)
+
+
+def node_line(node: AgentNode, depth: int) -> str:
+    """One agent of the tree on one line, indented by its depth."""
+    line = f"{'  ' * depth}{node.agent_id}  [{node.state}]  {clip(node.task, 50)}"
+    if node.summary:
+        line += f"  -> {clip(node.summary, 70)}"
+    if node.error:
+        line += f"  error: {clip(node.error, 90)}"
+    return line
+
+
+def tree_lines(state: TreeState, top: AgentNode, depth: int = 0) -> Iterator[str]:
+    """The lines of `top` and its descendants, depth first."""
+    yield node_line(top, depth)
+    for child in top.children:
+        node = state.agents.get(child)
+        if node is not None:
+            yield from tree_lines(state, node, depth + 1)
+
+
+def tree_json(state: TreeState, top: AgentNode) -> dict[str, Any]:
+    """`top` and its descendants as nested JSON."""
+    out = asdict(top)
+    out["children"] = [tree_json(state, state.agents[c]) for c in top.children if c in state.agents]
+    return out
+
+
+def tops(state: TreeState, agent_id: str | None) -> list[AgentNode]:
+    """The nodes to show: one agent's, or every root."""
+    if agent_id is None:
+        return state.roots()
+    node = state.agents.get(agent_id)
+    if node is None:
+        raise UnknownAgent(agent_id)
+    return [node]
+
+
+def render_tree(state: TreeState, nodes: list[AgentNode]) -> str:
+    """The tree under `nodes` as text."""
+    lines = [line for node in nodes for line in tree_lines(state, node)]
+    return "\n".join(lines) if lines else "(no agents in the log)"
+
+
+def out(text: str = "") -> None:
+    """Print a line now (output is often a pipe)."""
+    print(text, flush=True)
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def nats_url(args: argparse.Namespace) -> str:
+    """The URL to use: --nats-url, GROVE_NATS_URL, or what `grove up` wrote in the data folder."""
+    explicit: str | None = args.nats_url
+    return explicit or discover_url(args.data_dir)
+
+
+def data_dir(args: argparse.Namespace) -> Path:
+    """The data folder: --data-dir, GROVE_DATA_DIR, or ./.grove."""
+    given: Path | None = args.data_dir
+    return given or Path(os.environ.get("GROVE_DATA_DIR", DEFAULT_DATA_DIR))
+
+
+def command_argv(args: argparse.Namespace) -> list[str] | None:
+    """The command agent's argv: the words after `--`, or the --command string split."""
+    trailing: list[str] = args.argv
+    given: str | None = args.command
+    if given is not None and trailing:
+        raise CliError("give the command either with --command 'STRING' or after --, not both")
+    if given is None:
+        return trailing or None
+    try:
+        argv = shlex.split(given)
+    except ValueError as exc:
+        raise CliError(f"cannot split --command {given!r}: {exc}") from None
+    if not argv:
+        raise CliError("--command is empty")
+    return argv
+
+
+async def spawn_agent(args: argparse.Namespace) -> int:
+    """`grove spawn`: publish a spawn; with --wait, wait for the end and print the result."""
+    argv = command_argv(args)
+    if (argv is None) == (args.entrypoint is None):
+        raise CliError("give exactly one of --command (or an argv after --) and --entrypoint")
+    if args.timeout is not None and not args.wait:
+        raise CliError("--timeout is how long --wait waits; give --wait too")
+    if argv is not None:
+        config = build_config("command", command=argv)
+    else:
+        config = build_config("python", entrypoint=args.entrypoint)
+    async with connect(nats_url(args)) as conn:
+        if args.parent is not None:
+            await require_agent(conn.client, args.parent)
+        agent_id = await conn.client.spawn(args.task, config, parent=args.parent)
+        out(agent_id)
+        if not args.wait:
+            return 0
+        try:
+            result = await conn.guard(conn.client.wait(agent_id, args.timeout))
+        except TimeoutError:
+            raise CliError(
+                f"agent {agent_id} did not end within {args.timeout:g}s; it goes on "
+                f"(`grove stop {agent_id}` ends it)"
+            ) from None
+    out(f"reason: {result.reason}")
+    if result.summary:
+        out(f"summary: {result.summary.rstrip()}")
+    if result.error:
+        out(f"error: {result.error}")
+    return 0 if result.ok else 1
+
+
+async def stop_agent(args: argparse.Namespace) -> int:
+    """`grove stop`: ask for an agent to be stopped."""
+    async with connect(nats_url(args)) as conn:
+        await require_agent(conn.client, args.agent_id)
+        last = await conn.log.get_last(agent_wildcard(args.agent_id))
+        ended = decode_item(last)[1] if last is not None else None
+        if isinstance(ended, Recorded) and isinstance(ended.event, TerminateEvent):
+            out(f"agent {args.agent_id} already ended ({ended.event.reason}); nothing to stop")
+            return 0
+        await conn.client.stop(args.agent_id, args.reason)
+    out(f"stop requested for {args.agent_id}")
+    return 0
+
+
+async def tail_log(args: argparse.Namespace) -> int:
+    """`grove tail`: print events as they are appended, until interrupted."""
+    show = format_json if args.json else format_line
+    async with connect(nats_url(args)) as conn:
+        subjects = ALL_SUBJECTS
+        if args.agent is not None:
+            await require_agent(conn.client, args.agent)
+            subjects = agent_wildcard(args.agent)
+        start = args.from_seq if args.from_seq is not None else await tip(conn.log) + 1
+
+        async def follow() -> None:
+            async for item in records(conn.log, start, subjects=subjects, follow=True):
+                out(show(item))
+
+        await conn.guard(follow())
+    return 0
+
+
+async def show_tree(args: argparse.Namespace) -> int:
+    """`grove tree`: fold the log into the agent tree and print it."""
+    async with connect(nats_url(args)) as conn:
+        state = await fold_tree(conn.log)
+    nodes = tops(state, args.agent)
+    if args.json:
+        out(json.dumps([tree_json(state, node) for node in nodes], indent=2))
+    else:
+        out(render_tree(state, nodes))
+    return 0
+
+
+async def replay_log(args: argparse.Namespace) -> int:
+    """`grove replay`: print the log from a sequence or a time up to the current tip."""
+    show = format_json if args.json else format_line
+    async with connect(nats_url(args)) as conn:
+        subjects = ALL_SUBJECTS
+        if args.agent is not None:
+            await require_agent(conn.client, args.agent)
+            subjects = agent_wildcard(args.agent)
+        async for item in records(conn.log, args.from_seq, subjects=subjects, since=args.from_time):
+            out(show(item))
+    return 0
+
+
+# -- grove up -------------------------------------------------------------------------------------
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP port can be bound on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_not_running(folder: Path) -> None:
+    """Refuse to start a second stack on a data folder whose stack answers."""
+    url_file = folder / "nats.url"
+    if not url_file.exists():
+        return
+    url = url_file.read_text().strip()
+    if url and asyncio.run(reachable(url)):
+        raise CliError(
+            f"a stack already runs with data folder {folder} (NATS at {url}); "
+            "stop it first or give another --data-dir"
+        )
+
+
+def build_stack(args: argparse.Namespace, folder: Path) -> Stack:
+    """The stack `grove up` runs, from its options."""
+    if args.port is not None:
+        port = args.port
+    else:
+        port = DEFAULT_NATS_PORT if port_is_free(DEFAULT_NATS_PORT) else free_port()
+    config: Path | None = args.config
+    if config is not None and not config.is_file():
+        raise CliError(f"config file {config} does not exist")
+    return Stack(
+        folder,
+        nats_url=args.nats_url,
+        spawners=args.spawners,
+        config_file=config,
+        nats_port=port,
+    )
+
+
+def start_stack(stack: Stack) -> Stack:
+    """Start the stack; a start-up failure becomes one line that says where the logs are."""
+    try:
+        return stack.start()
+    except StackError as exc:
+        stack.stop()
+        first = str(exc).splitlines()[0] if str(exc) else "the stack did not start"
+        raise CliError(f"{first.rstrip(':')} (logs in {stack.data_dir / 'logs'})") from None
+    except BaseException:
+        stack.stop()
+        raise
+
+
+def supervise(stack: Stack) -> None:
+    """Restart the services that died, and say so; once."""
+    dead = {
+        s.name: s.process.returncode
+        for s in stack.services.values()
+        if s.process is not None and not s.alive
+    }
+    if stack.nats is not None and stack.nats.process is not None:
+        code = stack.nats.process.poll()
+        if code is not None:
+            out(f"grove: nats-server exited with code {code}; restarting it")
+            stack.nats.start()
+    for name in stack.supervise_once():
+        log_path = stack.services[name].log_path
+        out(f"grove: {name} exited with code {dead.get(name)}; restarted it (log: {log_path})")
+
+
+def run_up(args: argparse.Namespace) -> int:
+    """`grove up`: start the stack, supervise it until Ctrl-C or SIGTERM, stop it."""
+    folder = data_dir(args)
+    check_not_running(folder)
+    stack = build_stack(args, folder)
+    out(f"grove: starting AgentGrove in {folder}")
+    start_stack(stack)
+    try:
+        out(f"grove: NATS at {stack.url}")
+        out(f"grove: service logs in {folder / 'logs'}")
+        if stack.nats is not None:
+            out(f"grove: nats-server log in {stack.nats.data_dir / 'nats-server.log'}")
+        out("grove: up; Ctrl-C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(SUPERVISE_INTERVAL_S)
+                supervise(stack)
+    finally:
+        ignore_interrupts()
+        out("grove: stopping")
+        stack.stop()
+    out("grove: stopped")
+    return 0
+
+
+def ignore_interrupts() -> None:
+    """Let a clean stop finish: further Ctrl-C or SIGTERM are ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+# -- grove demo -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TreeWatch:
+    """The agent tree folded from the log as it grows, and the newest sequence folded."""
+
+    state: TreeState = field(default_factory=TreeState)
+    seq: int = 0
+
+
+async def follow_tree(log: EventLog, watch: TreeWatch, root_id: str, from_seq: int) -> None:
+    """Fold the log from `from_seq` into `watch` until the root agent ends."""
+    async for record, item in records(log, from_seq, follow=True):
+        if isinstance(item, Recorded):
+            watch.state = evolve(watch.state, item)
+        watch.seq = record.seq
+        root = watch.state.agents.get(root_id)
+        if root is not None and root.ended:
+            return
+    raise CliError("the log stopped before the demo ended")
+
+
+async def watch_tree(conn: Connection, root_id: str, from_seq: int) -> TreeState:
+    """Follow the root's tree to its end, printing a fresh snapshot whenever it changed."""
+    watch = TreeWatch()
+    folding = asyncio.ensure_future(follow_tree(conn.log, watch, root_id, from_seq))
+    shown = ""
+    try:
+        while True:
+            await asyncio.wait({folding}, timeout=REFRESH_S)
+            root = watch.state.agents.get(root_id)
+            text = render_tree(watch.state, [root]) if root is not None else ""
+            if text != shown:
+                out(f"-- tree at seq {watch.seq} --")
+                out(text)
+                shown = text
+            if folding.done():
+                folding.result()
+                return watch.state
+    finally:
+        folding.cancel()
+        await asyncio.gather(folding, return_exceptions=True)
+
+
+def print_results(state: TreeState, root_id: str) -> None:
+    """Every agent of the root's tree with its result."""
+    out()
+    out("results:")
+    for node in state.subtree(root_id):
+        depth = len(state.path(node.agent_id)) - 1
+        result = node.summary.strip() or "(no summary)"
+        line = f"{'  ' * depth}{short_id(node.agent_id)} {node.state}: {clip(result, 200)}"
+        out(line + (f" error: {clip(node.error, 200)}" if node.error else ""))
+
+
+def print_replay_hint(grove: str, root: AgentNode, note: str | None) -> None:
+    """How to look at the run again, with `grove` the command line prefix that reaches it."""
+    out()
+    if note:
+        out(note)
+    out(f"replay this run:  {grove} replay --from-seq {root.spawn_seq}")
+    out(f"see its tree:     {grove} tree --agent {root.agent_id}")
+
+
+async def run_demo_on(url: str) -> tuple[TreeState, str]:
+    """Spawn the demonstration root on the stack at `url` and watch it to its end."""
+    async with connect(url) as conn:
+        start = await tip(conn.log) + 1
+        config = build_config("python", entrypoint=ROOT_ENTRYPOINT)
+        root_id = await conn.client.spawn(ROOT_TASK, config)
+        out(f"grove: spawned the demo root agent {root_id}")
+        try:
+            state = await conn.guard(
+                asyncio.wait_for(watch_tree(conn, root_id, start), DEMO_TIMEOUT_S)
+            )
+        except TimeoutError:
+            raise CliError(
+                f"the demo did not end within {DEMO_TIMEOUT_S:g}s; are the services running "
+                "(`grove up`)?"
+            ) from None
+    return state, root_id
+
+
+def demo_result(url: str, grove: str | None, note: str | None) -> int:
+    """Run the demo against `url` and print its results; 0 when the root completed.
+
+    `grove` is the command line prefix that reaches this log later (None: it will be gone).
+    """
+    state, root_id = asyncio.run(run_demo_on(url))
+    print_results(state, root_id)
+    root = state.agents[root_id]
+    if grove is not None:
+        print_replay_hint(grove, root, note)
+    elif note:
+        out()
+        out(note)
+    if root.state != "completed":
+        raise CliError(f"the demo root agent ended as {root.state}: {root.error or root.summary}")
+    return 0
+
+
+@contextlib.contextmanager
+def embedded_stack(given: Path | None) -> Iterator[Stack]:
+    """A stack for the demo's duration, in `given` or in a temporary folder removed after."""
+    folder = given or Path(tempfile.mkdtemp(prefix="grove-demo-"))
+    out(f"grove: no stack is reachable; starting one in {folder} for the demo")
+    stack = Stack(folder)
+    try:
+        yield start_stack(stack)
+    finally:
+        ignore_interrupts()
+        out("grove: stopping the demo stack")
+        stack.stop()
+        if given is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """`grove demo`: run the demonstration tree, on the running stack or an embedded one."""
+    url = nats_url(args)
+    if asyncio.run(reachable(url)):
+        out(f"grove: using the stack at {url}")
+        grove = "grove"
+        if args.nats_url:
+            grove += f" --nats-url {args.nats_url}"
+        elif args.data_dir:
+            grove += f" --data-dir {args.data_dir}"
+        return demo_result(url, grove, None)
+    if args.nats_url:
+        raise CliError(f"cannot reach NATS at {url}; start the stack with `grove up`")
+    with embedded_stack(args.data_dir) as stack:
+        if args.data_dir is None:
+            note = (
+                "(the demo's stack and log are removed when it ends; "
+                "`grove demo --data-dir DIR` keeps them for `grove replay`)"
+            )
+            return demo_result(stack.url, None, note)
+        note = f"(first start the stack again: grove up --data-dir {args.data_dir})"
+        return demo_result(stack.url, f"grove --data-dir {args.data_dir}", note)
+
+
+# -- the parser -----------------------------------------------------------------------------------
+
+
+def agent_id(value: str) -> str:
+    """An argparse type: an agent id (letters, digits, '-' or '_')."""
+    if not TOKEN_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an agent id (1-128 letters, digits, '-' or '_')"
+        )
+    return value
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return number
+
+
+def positive_float(value: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return number
+
+
+def iso_time(value: str) -> datetime:
+    """An argparse type: an ISO 8601 time; without a zone, local time."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an ISO 8601 time (e.g. 2025-01-31T12:00:00Z)"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.astimezone()
+
+
+def _global_options(parser: Parser, default: Any) -> None:
+    parser.add_argument(
+        "--nats-url",
+        metavar="URL",
+        default=default,
+        help="NATS URL (default: $GROVE_NATS_URL, else the URL `grove up` wrote in the data folder)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        type=Path,
+        default=default,
+        help="data folder (default: $GROVE_DATA_DIR, else ./.grove)",
+    )
+
+
+Handler = Callable[[argparse.Namespace], int]
+Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+def _async(command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        return asyncio.run(command(args))
+
+    return run
+
+
+def _add_up(commands: Subcommands, common: Parser) -> None:
+    up = commands.add_parser("up", parents=[common], help="run the local stack in the foreground")
+    up.add_argument(
+        "--port", metavar="N", type=positive_int, help="NATS port (default 4222 if free)"
+    )
+    up.add_argument(
+        "--spawners", metavar="N", type=positive_int, default=1, help="spawner replicas"
+    )
+    up.add_argument(
+        "--config", metavar="FILE", type=Path, help="AgentGrove config file (limits, profiles)"
+    )
+    up.set_defaults(handler=run_up)
+
+
+def _add_spawn(commands: Subcommands, common: Parser) -> None:
+    spawn = commands.add_parser(
+        "spawn",
+        parents=[common],
+        help="spawn a root agent (or a child with --parent)",
+        usage="grove spawn TASK (--command STRING | -- ARGV... | --entrypoint MODULE:FUNCTION) "
+        "[--parent ID] [--wait] [--timeout S]",
+        description="Spawn an agent. A command agent's argv comes after `--` (verbatim) or "
+        "as one --command string (split like a shell would); it reads the task on stdin.",
+    )
+    spawn.add_argument("task", help="what the agent is to do")
+    spawn.add_argument("--command", metavar="STRING", help="the command agent's argv as one string")
+    spawn.add_argument(
+        "--entrypoint", metavar="MODULE:FUNCTION", help="a python agent, as module:function"
+    )
+    spawn.add_argument("--parent", metavar="ID", type=agent_id, help="the parent agent's id")
+    spawn.add_argument("--wait", action="store_true", help="wait for the end, print the result")
+    spawn.add_argument(
+        "--timeout", metavar="S", type=positive_float, help="seconds --wait waits at most"
+    )
+    spawn.set_defaults(handler=_async(spawn_agent))
+
+
+def _add_stop(commands: Subcommands, common: Parser) -> None:
+    stop = commands.add_parser("stop", parents=[common], help="stop an agent")
+    stop.add_argument("agent_id", type=agent_id)
+    stop.add_argument(
+        "--reason", metavar="TEXT", default="stopped by caller", help="why (kept in the log)"
+    )
+    stop.set_defaults(handler=_async(stop_agent))
+
+
+def _add_reading(commands: Subcommands, common: Parser) -> None:
+    tail = commands.add_parser("tail", parents=[common], help="print events as they happen")
+    tail.add_argument("--json", action="store_true", help="JSON lines")
+    tail.add_argument("--agent", metavar="ID", type=agent_id, help="only this agent's events")
+    tail.add_argument(
+        "--from-seq", metavar="N", type=positive_int, help="start here (default: the tip + 1)"
+    )
+    tail.set_defaults(handler=_async(tail_log))
+
+    tree = commands.add_parser("tree", parents=[common], help="print the agent tree")
+    tree.add_argument("--json", action="store_true", help="nested JSON")
+    tree.add_argument(
+        "--agent", metavar="ID", type=agent_id, help="only this agent and its descendants"
+    )
+    tree.set_defaults(handler=_async(show_tree))
+
+    replay = commands.add_parser("replay", parents=[common], help="print the log")
+    replay.add_argument(
+        "--from-seq", metavar="N", type=positive_int, default=1, help="first sequence"
+    )
+    replay.add_argument(
+        "--from-time", metavar="ISO", type=iso_time, help="only what was stored from then on"
+    )
+    replay.add_argument("--agent", metavar="ID", type=agent_id, help="only this agent's events")
+    replay.add_argument("--json", action="store_true", help="JSON lines")
+    replay.set_defaults(handler=_async(replay_log))
+
+
+def _add_demo(commands: Subcommands, common: Parser) -> None:
+    demo = commands.add_parser(
+        "demo", parents=[common], help="run the demonstration tree (starts a stack if needed)"
+    )
+    demo.set_defaults(handler=run_demo)
+
+
+def build_parser() -> Parser:
+    """The `grove` argument parser; global options go before or after the command."""
+    parser = Parser(prog="grove", description="AgentGrove: a control plane for trees of agents.")
+    _global_options(parser, None)
+    common = Parser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    _add_up(commands, common)
+    _add_spawn(commands, common)
+    _add_stop(commands, common)
+    _add_reading(commands, common)
+    _add_demo(commands, common)
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse the command line; for `spawn`, what follows `--` is the command agent's argv."""
+    words = list(argv)
+    trailing: list[str] = []
+    if "--" in words:
+        cut = words.index("--")
+        words, trailing = words[:cut], words[cut + 1 :]
+    args = build_parser().parse_args(words)
+    if trailing and args.command_name != "spawn":
+        build_parser().error("arguments after -- are only for `grove spawn`")
+    if args.command_name == "spawn":
+        args.argv = trailing
+    return args
+
+
+# -- the entry point ------------------------------------------------------------------------------
+
+
+def one_line(message: str) -> str:
+    """A message on one line."""
+    return " | ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def error_message(exc: BaseException) -> str:
+    """What to tell the user about an error, in one line."""
+    if isinstance(exc, UnknownAgent):
+        return str(exc)
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"invalid {where or 'input'}: {first['msg']}"
+    if isinstance(exc, nats.errors.Error):
+        return f"NATS: {exc.__class__.__name__}: {exc}"
+    return str(exc) or exc.__class__.__name__
+
+
+def _utf8_safe_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
+
+
+KNOWN_ERRORS = (
+    CliError,
+    LogError,
+    UnknownAgent,
+    ValidationError,
+    StackError,
+    NatsServerError,
+    nats.errors.Error,
+    OSError,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of `grove`: run one command, exit with its code."""
+    _utf8_safe_output()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    args = parse(sys.argv[1:] if argv is None else argv)
+    handler: Handler = args.handler
+    try:
+        code = handler(args)
+    except KNOWN_ERRORS as exc:
+        print(f"grove: error: {one_line(error_message(exc))}", file=sys.stderr, flush=True)
+        code = 1
+    except KeyboardInterrupt:
+        code = 0 if args.command_name == "tail" else 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Small python-runtime agents the integration tests run, as `tests.agents:<function>`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from agentgrove.context import AgentContext
+
+
+async def quick(ctx: AgentContext) -> str:
+    """Ends at once; its summary names it."""
+    return f"done {ctx.agent_id}"
+
+
+async def sleeper(ctx: AgentContext) -> str:
+    """Sleeps for the number of seconds in its task (30 when the task is not a number)."""
+    try:
+        seconds = float(ctx.task)
+    except ValueError:
+        seconds = 30.0
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a") as out:
+        out.write(line + "\n")
+
+
+async def record_run(ctx: AgentContext) -> str:
+    """Appends its agent id to a file, then sleeps; the task is `{"path": ..., "sleep": ...}`.
+
+    Each line in the file is one run of an agent, so a test can count how often it ran.
+    """
+    spec = json.loads(ctx.task)
+    await asyncio.to_thread(_append_line, Path(spec["path"]), ctx.agent_id)
+    await asyncio.sleep(float(spec.get("sleep", 0)))
+    return "recorded"
+
+
+async def spawns_children(ctx: AgentContext) -> str:
+    """Spawns the number of `quick` children in its task, waits for them, lists their ends."""
+    count = int(ctx.task)
+    children = [
+        await ctx.spawn_agent(f"child {i}", entrypoint="tests.agents:quick") for i in range(count)
+    ]
+    results = [await ctx.wait(child, timeout=60) for child in children]
+    return ",".join(result.reason for result in results)

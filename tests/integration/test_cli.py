@@ -1,0 +1,329 @@
+"""The `grove` command, run as a subprocess against a real nats-server and the services."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grove_core.log import EventLog
+from grove_core.natsserver import free_port
+from tests.conftest import NatsEndpoint, StackFactory
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+GROVE = [sys.executable, "-m", "agentgrove.cli"]
+
+
+def grove_env(url: str | None) -> dict[str, str]:
+    """The environment of a `grove` run: the URL given, no data folder inherited."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GROVE_NATS_URL", "GROVE_DATA_DIR")}
+    if url is not None:
+        env["GROVE_NATS_URL"] = url
+    return env
+
+
+def grove(
+    url: str | None, *args: str, timeout: float = 30.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `grove ARGS` to its end."""
+    return subprocess.run(
+        [*GROVE, *args],
+        env=grove_env(url),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    """A non-zero exit with exactly one `grove: error:` line on stderr, no traceback."""
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("grove: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+class Lines:
+    """The stdout lines of a running process, read in the background."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def until(self, found: Callable[[str], bool], timeout: float = 20.0) -> str:
+        """The first line (from now on) for which `found` holds."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            if found(line):
+                return line
+        raise AssertionError(f"no such line within {timeout}s; saw: {self.seen}")
+
+
+@pytest.fixture
+def popen() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `grove` processes that are ended when the test ends."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(url: str | None, *args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*GROVE, *args],
+            env=grove_env(url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def tree_json(url: str, *args: str) -> list[dict[str, Any]]:
+    """`grove tree --json` parsed."""
+    result = grove(url, "tree", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    nodes: list[dict[str, Any]] = json.loads(result.stdout)
+    return nodes
+
+
+# -- spawn and stop ------------------------------------------------------------------------------
+
+
+def test_spawn_wait_prints_the_result_of_a_command_agent(
+    nats_server: NatsEndpoint, make_stack: StackFactory
+) -> None:
+    make_stack()
+    result = grove(
+        nats_server.url, "spawn", "one two three", "--command", "sh -c 'wc -w'", "--wait"
+    )
+    assert result.returncode == 0, result.stderr
+    agent_id, *rest = result.stdout.splitlines()
+    assert len(agent_id) == 36
+    assert rest == ["reason: completed", "summary: 3"]
+
+
+def test_spawn_wait_of_a_failing_command_exits_non_zero_with_the_error(
+    nats_server: NatsEndpoint, make_stack: StackFactory
+) -> None:
+    make_stack()
+    result = grove(
+        nats_server.url, "spawn", "fail", "--wait", "--", "sh", "-c", "echo boom >&2; exit 3"
+    )
+    assert result.returncode == 1
+    assert "reason: failed" in result.stdout
+    assert "error: exit code 3: boom" in result.stdout
+
+
+def test_stop_ends_a_long_running_agent_as_stopped(
+    nats_server: NatsEndpoint,
+    make_stack: StackFactory,
+    popen: Callable[..., subprocess.Popen[str]],
+) -> None:
+    make_stack()
+    waiting = popen(nats_server.url, "spawn", "sleep", "--command", "sleep 30", "--wait")
+    lines = Lines(waiting)
+    agent_id = lines.until(lambda line: len(line) == 36)
+
+    stopped = grove(nats_server.url, "stop", agent_id, "--reason", "enough")
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stop requested for {agent_id}" in stopped.stdout
+    assert lines.until(lambda line: line.startswith("reason:")) == "reason: stopped"
+    assert waiting.wait(10) == 1
+    assert tree_json(nats_server.url, "--agent", agent_id)[0]["state"] == "stopped"
+
+
+def test_stop_of_an_unknown_agent_is_one_line_and_exit_1(
+    nats_server: NatsEndpoint, event_log: EventLog
+) -> None:
+    result = grove(nats_server.url, "stop", "no-such-agent")
+    assert result.returncode == 1
+    assert_one_line_error(result, "no agent 'no-such-agent'")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("tree",),
+        ("spawn", "x", "--command", "true", "--wait"),
+        ("tail",),
+    ],
+)
+def test_without_a_server_every_command_fails_fast_in_one_line(args: tuple[str, ...]) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = grove(url, *args, timeout=15)
+    assert time.monotonic() - started < 8
+    assert result.returncode == 1
+    assert_one_line_error(result, f"cannot reach NATS at {url}")
+
+
+def test_bad_flags_are_one_line(tmp_path: Path) -> None:
+    for args in (("spawn", "x"), ("spawn", "x", "--entrypoint", "not an entrypoint")):
+        assert_one_line_error(grove(f"nats://127.0.0.1:{free_port()}", *args))
+    result = grove(None, "replay", "--from-time", "yesterday")
+    assert result.returncode == 2
+    assert_one_line_error(result, "--from-time")
+
+
+# -- reading the log -----------------------------------------------------------------------------
+
+
+def spawn_demo_tree(url: str) -> str:
+    """Run the demo's root agent (three children) to its end; its id."""
+    result = grove(url, "spawn", "demo", "--entrypoint", "agentgrove.demo:root", "--wait")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.splitlines()[0]
+
+
+def test_tree_shows_a_parent_with_its_children_and_replay_filters_by_agent(
+    nats_server: NatsEndpoint, make_stack: StackFactory
+) -> None:
+    make_stack()
+    root_id = spawn_demo_tree(nats_server.url)
+
+    (root,) = tree_json(nats_server.url)
+
+    assert root["agent_id"] == root_id
+    assert root["state"] == "completed"
+    assert [c["runtime"] for c in root["children"]] == ["python", "python", "command"]
+    assert all(c["state"] == "completed" and c["parent"] == root_id for c in root["children"])
+    assert "distinct words" in root["summary"]
+    text = grove(nats_server.url, "tree").stdout.splitlines()
+    assert text[0].startswith(f"{root_id}  [completed]")
+    assert all(line.startswith("  ") and "[completed]" in line for line in text[1:])
+    assert len(text) == 4
+    assert_replay_filters_by_agent(nats_server.url, root_id, root["children"][0]["agent_id"])
+
+
+def assert_replay_filters_by_agent(url: str, root_id: str, child_id: str) -> None:
+    """`grove replay --agent` shows only that agent's events, in order, from spawn to end."""
+    result = grove(url, "replay", "--agent", child_id, "--json")
+    assert result.returncode == 0, result.stderr
+    items = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {item["subject"].rsplit(".", 1)[1] for item in items} == {child_id}
+    assert [item["event"]["type"] for item in (items[0], items[-1])] == ["spawn", "terminate"]
+    assert [i["seq"] for i in items] == sorted(i["seq"] for i in items)
+    human = grove(url, "replay", "--agent", child_id).stdout.splitlines()
+    assert len(human) == len(items)
+    assert all(child_id[-8:] in line for line in human)
+    everything = grove(url, "replay").stdout
+    assert root_id[-8:] in everything
+    assert len(everything.splitlines()) > len(human)
+
+
+async def test_replay_shows_invalid_messages_as_such(
+    nats_server: NatsEndpoint, event_log: EventLog
+) -> None:
+    await event_log.js.publish("grove.status.someone", b"not json")
+
+    result = grove(nats_server.url, "replay")
+
+    assert result.returncode == 0, result.stderr
+    assert "INVALID" in result.stdout
+    assert "grove.status.someone: body is not JSON" in result.stdout
+    (line,) = grove(nats_server.url, "replay", "--json").stdout.splitlines()
+    assert json.loads(line)["invalid"].startswith("body is not JSON")
+
+
+def test_tail_prints_new_events_as_json_lines(
+    nats_server: NatsEndpoint,
+    event_log: EventLog,
+    popen: Callable[..., subprocess.Popen[str]],
+) -> None:
+    grove(nats_server.url, "spawn", "before", "--command", "true")
+    tail = popen(nats_server.url, "tail", "--json")
+    lines = Lines(tail)
+    time.sleep(1.0)  # the tail starts at the tip + 1
+    agent_id = grove(nats_server.url, "spawn", "after", "--command", "true").stdout.strip()
+
+    item = json.loads(lines.until(lambda text: '"type": "spawn"' in text))
+
+    assert item["subject"] == f"grove.spawn.{agent_id}"
+    assert item["event"]["task"] == "after"
+    assert len(lines.seen) == 1
+    tail.send_signal(signal.SIGINT)
+    assert tail.wait(10) == 0
+
+
+# -- demo and up ---------------------------------------------------------------------------------
+
+
+def test_demo_against_a_running_stack_prints_every_result(
+    nats_server: NatsEndpoint, make_stack: StackFactory
+) -> None:
+    make_stack()
+
+    result = grove(None, "demo", "--nats-url", nats_server.url, timeout=50)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "-- tree at seq" in out
+    results = out.split("results:", 1)[1].splitlines()
+    assert sum(" completed: " in line for line in results) == 4
+    assert "distinct words" in out
+    assert f"grove --nats-url {nats_server.url} replay --from-seq" in out
+
+
+def test_up_runs_the_stack_until_sigterm(
+    tmp_path: Path, popen: Callable[..., subprocess.Popen[str]]
+) -> None:
+    data_dir = tmp_path / "up"
+    port = free_port()
+    up = popen(None, "up", "--data-dir", str(data_dir), "--port", str(port))
+    lines = Lines(up)
+    assert lines.until(lambda line: "NATS at" in line, 40).endswith(f"127.0.0.1:{port}")
+    lines.until(lambda line: "grove: up" in line, 40)
+    pids = [
+        s["pid"] for s in json.loads((data_dir / "stack.json").read_text())["services"].values()
+    ]
+
+    spawned = grove(
+        None, "--data-dir", str(data_dir), "spawn", "a b", "--command", "wc -w", "--wait"
+    )
+    assert spawned.returncode == 0, spawned.stderr
+    assert "summary: 2" in spawned.stdout
+
+    up.send_signal(signal.SIGTERM)
+    assert up.wait(30) == 0
+    lines.until(lambda line: line == "grove: stopped", 5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    after = grove(None, "--nats-url", f"nats://127.0.0.1:{port}", "tree")
+    assert_one_line_error(after, "cannot reach")

@@ -1,0 +1,140 @@
+"""The event log's guarantees against a real nats-server: dedup and the expected-sequence race."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded
+from grove_events import AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
+
+pytestmark = pytest.mark.integration
+
+
+def spawn_event(agent_id: str) -> SpawnEvent:
+    return SpawnEvent(
+        event_id=new_id(),
+        agent_id=agent_id,
+        timestamp=datetime.now(UTC),
+        task="say hello",
+        config=AgentConfig(runtime="command", command=["echo", "hello"]),
+    )
+
+
+def status_event(agent_id: str, status_type: str = "admitted") -> StatusEvent:
+    return StatusEvent(
+        event_id=new_id(),
+        agent_id=agent_id,
+        timestamp=datetime.now(UTC),
+        status_type=status_type,  # type: ignore[arg-type]
+    )
+
+
+async def stored(event_log: EventLog, subjects: str = "grove.>") -> list[Recorded]:
+    """Every valid event in the log, by a replay to the current tip."""
+    out = []
+    async with asyncio.timeout(5):
+        async for item in event_log.events(1, subjects=subjects):
+            assert isinstance(item, Recorded), item
+            out.append(item)
+    return out
+
+
+async def test_a_retried_append_is_stored_once(event_log: EventLog) -> None:
+    event = spawn_event(new_id())
+
+    async with asyncio.timeout(10):
+        first = await event_log.append(event)
+        second = await event_log.append(event)
+
+    assert first == Appended(seq=first.seq, duplicate=False)
+    assert second.duplicate is True
+    assert second.seq == first.seq
+    info = await event_log.js.stream_info(event_log.stream)
+    assert info.state.messages == 1
+    events = await stored(event_log)
+    assert [r.event.event_id for r in events] == [event.event_id]
+
+
+async def test_a_retry_of_a_pipelined_batch_is_stored_once(event_log: EventLog) -> None:
+    events = [spawn_event(new_id()) for _ in range(20)]
+
+    async with asyncio.timeout(10):
+        first = await event_log.append_many(events)
+        again = await event_log.append_many(events)
+
+    assert not any(a.duplicate for a in first)
+    assert all(a.duplicate for a in again)
+    assert [a.seq for a in again] == [a.seq for a in first]
+    assert await event_log.last_seq() == 20
+    assert [r.event.event_id for r in await stored(event_log)] == [e.event_id for e in events]
+
+
+@pytest.mark.parametrize("contenders", [2, 16])
+async def test_concurrent_guarded_appends_have_exactly_one_winner(
+    event_log: EventLog, contenders: int
+) -> None:
+    agent_id = new_id()
+    await event_log.append(spawn_event(agent_id))
+    expected = 0  # no status for this agent yet
+    attempts = [status_event(agent_id) for _ in range(contenders)]
+
+    async def attempt(event: StatusEvent) -> Appended | ConcurrencyConflict:
+        try:
+            return await event_log.append(
+                event,
+                expect_last_seq=expected,
+                expect_subject=subject_for("status", agent_id),
+            )
+        except ConcurrencyConflict as conflict:
+            return conflict
+
+    async with asyncio.timeout(10):
+        outcomes = await asyncio.gather(*(attempt(e) for e in attempts))
+
+    wins = [o for o in outcomes if isinstance(o, Appended)]
+    conflicts = [o for o in outcomes if isinstance(o, ConcurrencyConflict)]
+    assert len(wins) == 1, outcomes
+    assert len(conflicts) == contenders - 1
+    assert not wins[0].duplicate
+    statuses = await stored(event_log, subject_for("status", agent_id))
+    assert len(statuses) == 1
+    assert statuses[0].seq == wins[0].seq
+
+
+async def test_a_guard_on_the_agent_wildcard_sees_writes_on_other_subjects(
+    event_log: EventLog,
+) -> None:
+    agent_id = new_id()
+    spawned = await event_log.append(spawn_event(agent_id))
+    status = await event_log.append(status_event(agent_id))
+    assert status.seq > spawned.seq
+
+    async with asyncio.timeout(10):
+        with pytest.raises(ConcurrencyConflict):
+            await event_log.append(
+                status_event(agent_id, "started"),
+                expect_last_seq=spawned.seq,
+                expect_subject=f"grove.*.{agent_id}",
+            )
+        won = await event_log.append(
+            status_event(agent_id, "started"),
+            expect_last_seq=status.seq,
+            expect_subject=f"grove.*.{agent_id}",
+        )
+
+    assert won.seq == status.seq + 1
+    assert len(await stored(event_log, f"grove.*.{agent_id}")) == 3
+
+
+async def test_a_filtered_replay_stops_at_the_tip(event_log: EventLog) -> None:
+    spawned = spawn_event(new_id())
+    await event_log.append(spawned)
+    await event_log.append(status_event(new_id()))  # the newest message is not a spawn
+
+    assert [r.event.event_id for r in await stored(event_log, "grove.spawn.*")] == [
+        spawned.event_id
+    ]
+    assert await stored(event_log, "grove.terminate.*") == []
