@@ -127,6 +127,7 @@ async def connect(url: str) -> AsyncIterator[Connection]:
     client = await GroveClient.connect(
         url,
         connect_timeout=CONNECT_TIMEOUT_S,
+        reachable_within=CONNECT_TIMEOUT_S,
         allow_reconnect=False,
         # nats-py's server selection treats 0 attempts as "no limit"; 1 gives up after a retry.
         max_reconnect_attempts=1,
