@@ -38,3 +38,10 @@ check-schemas: $(STAMP) ## fail when docs/schemas is stale
 
 clean:
 	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: compose-up validate-deploy
+compose-up: ## build the image and start the Compose stack (needs a Docker engine)
+	docker compose up -d --build
+
+validate-deploy: $(STAMP) ## validate Compose, Kubernetes and NATS files offline
+	bash scripts/validate-deploy.sh
