@@ -94,6 +94,19 @@ def _stream_time(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
+def _record(msg: Msg) -> RawRecord:
+    """A consumer's delivery as a stored record."""
+    meta = msg.metadata
+    return RawRecord(
+        seq=int(meta.sequence.stream),
+        subject=msg.subject,
+        data=msg.data,
+        timestamp=_stream_time(meta.timestamp),
+        headers=msg.headers,
+        pending=int(meta.num_pending),
+    )
+
+
 def decode_record(record: RawRecord) -> Recorded:
     """Decode a stored message (raises InvalidEvent)."""
     event = decode(record.subject, record.data, record.timestamp)
@@ -383,17 +396,9 @@ class EventLog:
                         continue
                 else:
                     msg = await queue.get()
-                meta = msg.metadata
-                seq = int(meta.sequence.stream)
-                yield RawRecord(
-                    seq=seq,
-                    subject=msg.subject,
-                    data=msg.data,
-                    timestamp=_stream_time(meta.timestamp),
-                    headers=msg.headers,
-                    pending=int(meta.num_pending),
-                )
-                if until_seq is not None and seq >= until_seq:
+                record = _record(msg)
+                yield record
+                if until_seq is not None and record.seq >= until_seq:
                     return
         finally:
             with contextlib.suppress(Exception):
@@ -496,18 +501,7 @@ class DurableConsumer:
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                meta = msg.metadata
-                delivery = Delivery(
-                    RawRecord(
-                        seq=int(meta.sequence.stream),
-                        subject=msg.subject,
-                        data=msg.data,
-                        timestamp=_stream_time(meta.timestamp),
-                        headers=msg.headers,
-                    ),
-                    msg,
-                    int(meta.num_delivered),
-                )
+                delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))
                 try:
                     await handle(delivery)
                 except Exception:

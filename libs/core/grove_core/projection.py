@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
@@ -70,7 +71,7 @@ S = TypeVar("S", bound=FoldState)
 
 
 @dataclass
-class KeyedState:
+class KeyedState(ABC):
     """A state kept as rows by key, with a record of which keys changed since the last flush.
 
     Subclasses hold typed records and call `touch(key)` from their fold; `row(key)` gives what
@@ -83,9 +84,9 @@ class KeyedState:
         """Mark a row as changed."""
         self.dirty.add(key)
 
+    @abstractmethod
     def row(self, key: str) -> dict[str, Any] | None:
-        """The stored form of one row; subclasses override."""
-        raise NotImplementedError
+        """The stored form of one row (None when it is gone)."""
 
     def take_dirty(self) -> dict[str, dict[str, Any] | None]:
         """The changed rows, and forget that they changed."""

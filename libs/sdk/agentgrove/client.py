@@ -116,36 +116,28 @@ class GroveClient:
         """Whether the log has any event about this agent."""
         return await self.log.get_last(agent_wildcard(agent_id)) is not None
 
-    async def stop(self, agent_id: str, reason: str = "stopped by caller") -> str:
-        """Ask for an agent to be stopped; returns the control event's id."""
+    async def _control(self, agent_id: str, action: str, **fields: str | None) -> str:
         if not await self.exists(agent_id):
             raise UnknownAgent(agent_id)
         event = ControlEvent(
             event_id=new_id(),
             agent_id=agent_id,
             timestamp=datetime.now(UTC),
-            action="stop",
+            action=action,
             issued_by=self.identity if self.identity != "caller" else None,
-            reason=reason,
+            **fields,
         )
         await self.log.append(event)
         return event.event_id
 
+    async def stop(self, agent_id: str, reason: str = "stopped by caller") -> str:
+        """Ask for an agent to be stopped; returns the control event's id."""
+        return await self._control(agent_id, "stop", reason=reason)
+
     async def resume(self, agent_id: str, message: str | None = None) -> str:
         """Ask for a stopped agent to run again on its session, with `message` as the next
         user entry; returns the control event's id."""
-        if not await self.exists(agent_id):
-            raise UnknownAgent(agent_id)
-        event = ControlEvent(
-            event_id=new_id(),
-            agent_id=agent_id,
-            timestamp=datetime.now(UTC),
-            action="resume",
-            issued_by=self.identity if self.identity != "caller" else None,
-            message=message,
-        )
-        await self.log.append(event)
-        return event.event_id
+        return await self._control(agent_id, "resume", message=message)
 
     async def fork(
         self,
