@@ -212,6 +212,9 @@ class MessageEvent(Envelope):
     requires_ack: bool = False
     ttl: float | None = Field(default=None, gt=0, description="Seconds after timestamp.")
     priority: int = Field(default=0, ge=-10, le=10)
+    ack_of: Token | None = Field(
+        default=None, description="For an acknowledgement: the event_id of the message it acks."
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> MessageEvent:
@@ -249,6 +252,11 @@ class HitlEvent(Envelope):
     summary: str | None = Field(default=None, max_length=2000)
     answer: str | None = Field(default=None, max_length=100_000)
     by: str | None = None
+    capability: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_.-]{0,63}$",
+        description="For kind=permission: the capability asked for (spawn, fs.read, shell...).",
+    )
 
     @model_validator(mode="after")
     def _fields_for_action(self) -> HitlEvent:
@@ -263,6 +271,7 @@ class ArtifactEvent(Envelope):
     """A stored artifact, published by the artifact-store only."""
 
     type: Literal["artifact"] = "artifact"
+    action: Literal["put", "delete"] = "put"
     artifact_id: Token
     name: str = Field(min_length=1, max_length=512)
     media_type: str = "application/octet-stream"
