@@ -1,0 +1,5 @@
+"""The `grove` command line: `grove --help` lists the commands."""
+
+from agentgrove.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,5 @@
+"""`python -m agentgrove.cli`."""
+
+from agentgrove.cli.main import main
+
+main()
