@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from grove_core.log import EventLog
+from grove_core.log import EventLog, Recorded
 from grove_core.natsserver import free_port
 from tests.conftest import NatsEndpoint, StackFactory
 
@@ -327,3 +328,67 @@ def test_up_runs_the_stack_until_sigterm(
             os.kill(pid, 0)
     after = grove(None, "--nats-url", f"nats://127.0.0.1:{port}", "tree")
     assert_one_line_error(after, "cannot reach")
+
+
+# -- status, resume and fork ---------------------------------------------------------------------
+
+REMEMBERS = "tests.lifecycle_agents:remembers"
+
+
+async def ends(event_log: EventLog, agent_id: str, count: int, timeout: float = 20) -> list[Any]:
+    """The agent's terminate events once there are `count` of them, oldest first."""
+    found: list[Any] = []
+    async with asyncio.timeout(timeout):
+        async for item in event_log.events(1, subjects=f"grove.terminate.{agent_id}", follow=True):
+            if isinstance(item, Recorded):
+                found.append(item.event)
+                if len(found) == count:
+                    return found
+    raise AssertionError("the log ended")
+
+
+async def test_status_resume_and_fork_from_the_command_line(
+    nats_server: NatsEndpoint, make_stack: StackFactory, event_log: EventLog
+) -> None:
+    await asyncio.to_thread(
+        make_stack, config="resources:\n  global:\n    max_concurrent_agents: 5\n"
+    )
+    url = nats_server.url
+    spawned = await asyncio.to_thread(grove, url, "spawn", "remember", "--entrypoint", REMEMBERS)
+    assert spawned.returncode == 0, spawned.stderr
+    agent = spawned.stdout.strip()
+    await event_log.wait_for(f"grove.status.{agent}", timeout=20)
+
+    early = await asyncio.to_thread(grove, url, "resume", agent)
+    assert_one_line_error(early, f"agent {agent} has not ended")
+
+    status = await asyncio.to_thread(grove, url, "status", "--agent", agent, "--json")
+    assert status.returncode == 0, status.stderr
+    answer = json.loads(status.stdout)
+    assert answer["global"]["capacity"] == 5
+    assert answer["self"]["agent_id"] == agent
+    text = await asyncio.to_thread(grove, url, "status")
+    assert "agents running: 1 of 5 (20%)" in text.stdout
+
+    forked = await asyncio.to_thread(grove, url, "fork", agent, "--reason", "try the other way")
+    assert forked.returncode == 0, forked.stderr
+    fork_id = forked.stdout.strip()
+    (fork_end,) = await ends(event_log, fork_id, 1)
+    fork_result = json.loads(fork_end.result.summary)
+    assert fork_end.reason == "completed"
+    assert fork_result["fork_of"] == agent
+    assert ["tool_result", "found a clue"] in fork_result["history"]
+
+    assert (await asyncio.to_thread(grove, url, "stop", agent)).returncode == 0
+    await ends(event_log, agent, 1)
+    resumed = await asyncio.to_thread(grove, url, "resume", agent, "--message", "go on")
+    assert resumed.returncode == 0, resumed.stderr
+    _, second = await ends(event_log, agent, 2)
+    result = json.loads(second.result.summary)
+    assert (second.reason, result["start"], result["message"]) == ("completed", "resume", "go on")
+    assert ["user", "go on"] in result["history"]
+
+
+def test_status_without_a_governor_says_so(nats_server: NatsEndpoint, event_log: EventLog) -> None:
+    result = grove(nats_server.url, "status")
+    assert_one_line_error(result, "the resource-governor did not answer")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import nats.errors
 
 from agentgrove.results import AgentResult
 from grove_core.log import EventLog, LogError
@@ -21,10 +24,21 @@ from grove_events import (
     agent_wildcard,
     decode,
     new_id,
+    rpc_subject,
     subject_for,
 )
 
 URL_FILE = "nats.url"
+#: Seconds a request to a service may take before the client gives up.
+RPC_TIMEOUT_S = 5.0
+
+
+class ServiceUnavailable(LogError):
+    """A service did not answer a request in time."""
+
+    def __init__(self, service: str, timeout: float) -> None:
+        super().__init__(f"the {service} did not answer within {timeout:g}s; is it running?")
+        self.service = service
 
 
 class UnknownAgent(LookupError):
@@ -197,6 +211,24 @@ class GroveClient:
             if isinstance(status, StatusEvent) and status.tree_id is not None:
                 return status.tree_id
         return origin.tree_id
+
+    async def resource_status(
+        self, agent_id: str | None = None, timeout: float = RPC_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """The governor's answer to `get_resource_status`: `global` (agents running, capacity,
+        utilization, queued, paused) and, for an agent the governor tracks, `self` (its children
+        running and limit, runtime elapsed, tokens)."""
+        body = json.dumps({"agent_id": agent_id} if agent_id else {}).encode()
+        try:
+            reply = await self.log.nc.request(
+                rpc_subject("governor", "status"), body, timeout=timeout
+            )
+        except (TimeoutError, nats.errors.NoRespondersError):
+            raise ServiceUnavailable("resource-governor", timeout) from None
+        answer: dict[str, Any] = json.loads(reply.data)
+        if agent_id is not None and "self" not in answer:
+            raise UnknownAgent(agent_id)
+        return answer
 
     async def wait(self, agent_id: str, timeout: float | None = None) -> AgentResult:
         """Wait for the agent's terminate event; TimeoutError after `timeout` seconds."""

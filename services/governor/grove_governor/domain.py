@@ -797,6 +797,7 @@ def resource_status(
             "agents_running": state.holding,
             "capacity": capacity,
             "utilization": round(state.holding / capacity, 4) if capacity else 0.0,
+            "queued": sum(1 for a in state.undecided if state.agents[a].phase == "queued"),
             "paused": state.paused,
         }
     }

@@ -23,6 +23,7 @@ import nats.errors
 import nats.js.errors
 from pydantic import ValidationError
 
+from agentgrove.cli import control
 from agentgrove.cli.common import (
     ALL_SUBJECTS,
     CliError,
@@ -539,6 +540,7 @@ def build_parser() -> Parser:
     _add_stop(commands, common)
     _add_reading(commands, common)
     _add_demo(commands, common)
+    control.add_commands(commands, common)
     return parser
 
 
