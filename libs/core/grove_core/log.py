@@ -483,6 +483,18 @@ class DurableConsumer:
             self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
         )
 
+    async def close(self) -> None:
+        """Drop the pull subscription (the durable consumer stays on the server).
+
+        Call it once `run` has returned: nats-py's fetch leaves stale messages on the
+        subscription's queue without marking them done, and a connection drain would wait
+        for them.
+        """
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     async def run(self, handle: Callable[[Delivery], Awaitable[None]], stop: asyncio.Event) -> None:
         """Fetch and hand each message to `handle` until `stop` is set.
 

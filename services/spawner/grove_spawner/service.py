@@ -704,16 +704,11 @@ class Spawner:
         await self._release_consumer()
 
     async def _release_consumer(self) -> None:
-        # The consumer loop ends within one fetch once the service's stop event is set. Its
-        # pull subscription is then dropped here: nats-py's fetch takes stale messages off that
-        # subscription's queue without marking them done, and the connection's drain would
-        # wait for them until the process is killed.
+        # The consumer loop ends within one fetch once the service's stop event is set; its
+        # pull subscription is dropped after, before the connection drains.
         if self.consumer_task is not None:
             await asyncio.wait([self.consumer_task], timeout=2 * FETCH_TIMEOUT_S)
-        sub = self.consumer._sub
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await self.consumer.close()
 
 
 async def setup(service: Service) -> None:
