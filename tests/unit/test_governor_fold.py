@@ -294,6 +294,7 @@ def test_resource_status_for_an_agent() -> None:
         "agents_running": 2,
         "capacity": 2,
         "utilization": 1.0,
+        "queued": 0,
         "paused": False,
     }
     assert answer["self"]["children_running"] == 1

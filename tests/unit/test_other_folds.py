@@ -88,3 +88,21 @@ def test_tree_rows_round_trip() -> None:
     rows = {k: v for k, v in state.take_dirty().items() if v is not None}
     again = TreeState.from_rows(rows)
     assert again.agents == state.agents
+
+
+def test_a_fork_joins_its_source_s_parent_and_tree() -> None:
+    log = Log()
+    log.spawn("root")
+    log.spawn("kid", parent="root")
+    log.fork("kid-fork", source="kid")
+    log.fork("orphan-fork", source="nobody")
+    state = TreeState()
+    for recorded in log.records:
+        state = evolve_tree(state, recorded)
+    fork = state.agents["kid-fork"]
+    assert fork.parent == "root"
+    assert fork.tree_id == "root"
+    assert fork.fork_of == "kid"
+    assert fork.task == "task of kid"
+    assert state.agents["root"].children == ["kid", "kid-fork"]
+    assert "orphan-fork" not in state.agents

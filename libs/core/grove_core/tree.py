@@ -42,6 +42,8 @@ class AgentNode:
     spawn_seq: int = 0
     end_seq: int = 0
     tokens: int = 0
+    #: For a fork: the agent it was forked from.
+    fork_of: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -113,7 +115,7 @@ def evolve(state: TreeState, recorded: Recorded) -> TreeState:
             state.touch(parent.agent_id)
         state.touch(event.agent_id)
     elif isinstance(event, ForkEvent):
-        return state
+        _on_fork(state, event, recorded.seq)
     elif isinstance(event, StatusEvent):
         node = state.agents.get(event.agent_id)
         if node is None or node.ended:
@@ -136,3 +138,24 @@ def evolve(state: TreeState, recorded: Recorded) -> TreeState:
         node.end_seq = recorded.seq
         state.touch(node.agent_id)
     return state
+
+
+def _on_fork(state: TreeState, event: ForkEvent, seq: int) -> None:
+    """A fork is a sibling of its source: same parent, same tree."""
+    source = state.agents.get(event.source_agent)
+    if event.agent_id in state.agents or source is None:
+        return
+    parent = state.agents.get(source.parent) if source.parent else None
+    state.agents[event.agent_id] = AgentNode(
+        agent_id=event.agent_id,
+        tree_id=source.tree_id,
+        parent=source.parent,
+        task=event.task or source.task,
+        runtime=event.config.runtime if event.config else source.runtime,
+        spawn_seq=seq,
+        fork_of=source.agent_id,
+    )
+    if parent is not None:
+        parent.children.append(event.agent_id)
+        state.touch(parent.agent_id)
+    state.touch(event.agent_id)
