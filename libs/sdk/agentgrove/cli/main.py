@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import json
 import shlex
 import shutil
 import signal
@@ -23,7 +22,7 @@ import nats.errors
 import nats.js.errors
 from pydantic import ValidationError
 
-from agentgrove.cli import control
+from agentgrove.cli import control, debug
 from agentgrove.cli.common import (
     ALL_SUBJECTS,
     CliError,
@@ -36,10 +35,8 @@ from agentgrove.cli.common import (
     connect,
     data_dir,
     decode_item,
-    fold_tree,
     format_json,
     format_line,
-    iso_time,
     nats_url,
     out,
     positive_float,
@@ -51,8 +48,6 @@ from agentgrove.cli.common import (
     run_async,
     short_id,
     tip,
-    tops,
-    tree_json,
 )
 from agentgrove.client import UnknownAgent, build_config
 from agentgrove.demo import ROOT_ENTRYPOINT, ROOT_TASK
@@ -153,31 +148,6 @@ async def tail_log(args: argparse.Namespace) -> int:
                 out(show(item))
 
         await conn.guard(follow())
-    return 0
-
-
-async def show_tree(args: argparse.Namespace) -> int:
-    """`grove tree`: fold the log into the agent tree and print it."""
-    async with connect(nats_url(args)) as conn:
-        state = await fold_tree(conn.log)
-    nodes = tops(state, args.agent)
-    if args.json:
-        out(json.dumps([tree_json(state, node) for node in nodes], indent=2))
-    else:
-        out(render_tree(state, nodes))
-    return 0
-
-
-async def replay_log(args: argparse.Namespace) -> int:
-    """`grove replay`: print the log from a sequence or a time up to the current tip."""
-    show = format_json if args.json else format_line
-    async with connect(nats_url(args)) as conn:
-        subjects = ALL_SUBJECTS
-        if args.agent is not None:
-            await require_agent(conn.client, args.agent)
-            subjects = agent_wildcard(args.agent)
-        async for item in records(conn.log, args.from_seq, subjects=subjects, since=args.from_time):
-            out(show(item))
     return 0
 
 
@@ -502,24 +472,6 @@ def _add_reading(commands: Subcommands, common: Parser) -> None:
     )
     tail.set_defaults(handler=run_async(tail_log))
 
-    tree = commands.add_parser("tree", parents=[common], help="print the agent tree")
-    tree.add_argument("--json", action="store_true", help="nested JSON")
-    tree.add_argument(
-        "--agent", metavar="ID", type=agent_id, help="only this agent and its descendants"
-    )
-    tree.set_defaults(handler=run_async(show_tree))
-
-    replay = commands.add_parser("replay", parents=[common], help="print the log")
-    replay.add_argument(
-        "--from-seq", metavar="N", type=positive_int, default=1, help="first sequence"
-    )
-    replay.add_argument(
-        "--from-time", metavar="ISO", type=iso_time, help="only what was stored from then on"
-    )
-    replay.add_argument("--agent", metavar="ID", type=agent_id, help="only this agent's events")
-    replay.add_argument("--json", action="store_true", help="JSON lines")
-    replay.set_defaults(handler=run_async(replay_log))
-
 
 def _add_demo(commands: Subcommands, common: Parser) -> None:
     demo = commands.add_parser(
@@ -541,6 +493,7 @@ def build_parser() -> Parser:
     _add_reading(commands, common)
     _add_demo(commands, common)
     control.add_commands(commands, common)
+    debug.add_commands(commands, common)
     return parser
 
 
