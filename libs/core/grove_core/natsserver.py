@@ -51,6 +51,8 @@ class LocalNatsServer:
     config_file: Path | None = None
     sync_always: bool = False
     log_file: Path | None = None
+    #: Extra environment of the server process (the passwords its config file refers to).
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -78,7 +80,11 @@ class LocalNatsServer:
         log_path = self.log_file or (self.data_dir / "nats-server.log")
         args += ["-l", str(log_path)]
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + timeout
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,24 @@ def discover_url(data_dir: Path | None = None) -> str:
     return DEFAULT_NATS_URL
 
 
+def credentials_from_env() -> dict[str, Any]:
+    """NATS connection options from GROVE_NATS_USER / GROVE_NATS_PASSWORD, GROVE_NATS_CREDS
+    (a .creds file) and GROVE_NATS_TLS_CA (a CA file: TLS); none set, none given.
+    """
+    options: dict[str, Any] = {}
+    user = os.environ.get("GROVE_NATS_USER")
+    if user:
+        options["user"] = user
+        options["password"] = os.environ.get("GROVE_NATS_PASSWORD", "")
+    creds = os.environ.get("GROVE_NATS_CREDS")
+    if creds:
+        options["user_credentials"] = creds
+    ca_file = os.environ.get("GROVE_NATS_TLS_CA")
+    if ca_file:
+        options["tls"] = ssl.create_default_context(cafile=ca_file)
+    return options
+
+
 def build_config(
     runtime: str,
     *,
@@ -81,7 +100,8 @@ class GroveClient:
 
     @classmethod
     async def connect(cls, url: str | None = None, **options: Any) -> GroveClient:
-        """Connect to the stack (see `discover_url`)."""
+        """Connect to the stack (see `discover_url`; credentials: `credentials_from_env`)."""
+        options = {**credentials_from_env(), **options}
         log = await EventLog.connect(url or discover_url(), name="grove-client", **options)
         return cls(log)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grove_core.auth import LocalAuth, redact
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
 
@@ -107,7 +108,10 @@ class Stack:
     config_file: Path | None = None
     nats_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Run the nats-server with the per-service users and permissions (`grove up --auth`).
+    auth: bool = False
     nats: LocalNatsServer | None = field(default=None, init=False)
+    local_auth: LocalAuth | None = field(default=None, init=False)
     services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
 
     @property
@@ -118,13 +122,33 @@ class Stack:
         assert self.nats is not None, "start the stack first"
         return self.nats.url
 
+    @property
+    def caller_url(self) -> str:
+        """The URL callers use: with `auth`, the producer's user and password are in it."""
+        if self.local_auth is None:
+            return self.url
+        return self.local_auth.url_for(self.url, "producer")
+
     def start(self, timeout: float = 60.0) -> Stack:
         """Start nats-server, create the stream, start the services, wait until ready."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.auth and self.nats_url is not None:
+            raise StackError(
+                "--auth configures the stack's own nats-server; with --nats-url, give each "
+                "service its user through GROVE_NATS_USER and GROVE_NATS_PASSWORD instead"
+            )
         if self.nats_url is None:
-            self.nats = LocalNatsServer(self.data_dir / "nats", port=self.nats_port).start()
+            server = LocalNatsServer(self.data_dir / "nats", port=self.nats_port)
+            if self.auth:
+                self.local_auth = LocalAuth.create(self.data_dir)
+                server.config_file = self.local_auth.config_file
+                server.env = self.local_auth.server_env()
+            self.nats = server.start()
         _run_blocking(self._ensure_stream())
-        (self.data_dir / "nats.url").write_text(self.url + "\n")
+        url_file = self.data_dir / "nats.url"
+        url_file.write_text(self.caller_url + "\n")
+        if self.local_auth is not None:
+            url_file.chmod(0o600)
         for name in ("governor", "router", "artifacts"):
             self._add(name, name)
         for index in range(1, self.spawners + 1):
@@ -136,7 +160,8 @@ class Stack:
         return self
 
     async def _ensure_stream(self) -> None:
-        log = await EventLog.connect(self.url, name="grove-up")
+        url = self.url if self.local_auth is None else self.local_auth.url_for(self.url, "setup")
+        log = await EventLog.connect(url, name="grove-up")
         try:
             await log.ensure_stream()
         finally:
@@ -155,6 +180,8 @@ class Stack:
             env["GROVE_CONFIG_FILE"] = str(self.config_file.resolve())
         if spawner_id is not None:
             env["GROVE_SPAWNER_ID"] = spawner_id
+        if self.local_auth is not None:
+            env.update(self.local_auth.service_env(kind))
         self.services[name] = ServiceProcess(
             name=name,
             module=SERVICE_MODULES[kind],
@@ -165,7 +192,7 @@ class Stack:
 
     def _write_state(self) -> None:
         state = {
-            "nats_url": self.url,
+            "nats_url": redact(self.caller_url),
             "services": {
                 name: {"pid": s.process.pid if s.process else None, "http_port": s.http_port}
                 for name, s in self.services.items()

@@ -52,6 +52,7 @@ from agentgrove.cli.common import (
 from agentgrove.client import UnknownAgent, build_config
 from agentgrove.demo import ROOT_ENTRYPOINT, ROOT_TASK
 from agentgrove.stack import Stack, StackError
+from grove_core.auth import redact
 from grove_core.log import EventLog, LogError, Recorded
 from grove_core.natsserver import NatsServerError, free_port
 from grove_core.tree import AgentNode, TreeState, evolve
@@ -192,6 +193,7 @@ def build_stack(args: argparse.Namespace, folder: Path) -> Stack:
         spawners=args.spawners,
         config_file=config,
         nats_port=port,
+        auth=args.auth,
     )
 
 
@@ -233,7 +235,12 @@ def run_up(args: argparse.Namespace) -> int:
     out(f"grove: starting AgentGrove in {folder}")
     start_stack(stack)
     try:
-        out(f"grove: NATS at {stack.url}")
+        out(f"grove: NATS at {redact(stack.caller_url)}")
+        if stack.local_auth is not None:
+            out(
+                f"grove: NATS users and permissions on; callers connect as 'producer' "
+                f"(the URL with its password is in {folder / 'nats.url'})"
+            )
         out(f"grove: service logs in {folder / 'logs'}")
         if stack.nats is not None:
             out(f"grove: nats-server log in {stack.nats.data_dir / 'nats-server.log'}")
@@ -393,9 +400,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 "(the demo's stack and log are removed when it ends; "
                 "`grove demo --data-dir DIR` keeps them for `grove replay`)"
             )
-            return demo_result(stack.url, None, note)
+            return demo_result(stack.caller_url, None, note)
         note = f"(first start the stack again: grove up --data-dir {args.data_dir})"
-        return demo_result(stack.url, f"grove --data-dir {args.data_dir}", note)
+        return demo_result(stack.caller_url, f"grove --data-dir {args.data_dir}", note)
 
 
 # -- the parser -----------------------------------------------------------------------------------
@@ -427,6 +434,11 @@ def _add_up(commands: Subcommands, common: Parser) -> None:
     )
     up.add_argument(
         "--config", metavar="FILE", type=Path, help="AgentGrove config file (limits, profiles)"
+    )
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="NATS users with per-service subject permissions (as in Compose and Kubernetes)",
     )
     up.set_defaults(handler=run_up)
 
