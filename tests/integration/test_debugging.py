@@ -118,7 +118,7 @@ def test_export_and_import_reproduce_the_same_tree_elsewhere(
     assert exported.stdout.startswith(f"exported {len(lines)} messages")
     assert all(json.loads(line)["subject"].startswith("grove.") for line in lines)
 
-    with LocalNatsServer(tmp_path / "laptop").start() as laptop:
+    with LocalNatsServer(tmp_path / "laptop") as laptop:
         imported = grove(laptop.url, "import", str(capture), "--nats-url", laptop.url)
         assert imported.returncode == 0, imported.stderr
         assert f"imported {len(lines)} messages" in imported.stdout
@@ -145,7 +145,7 @@ def test_import_into_a_data_folder_starts_its_own_server_for_the_copy(
 
     assert imported.returncode == 0, imported.stderr
     assert f"grove up --data-dir {folder}" in imported.stdout
-    with LocalNatsServer(folder / "nats").start() as copy:
+    with LocalNatsServer(folder / "nats") as copy:
         assert tree_json(copy.url) == tree_json(nats_server.url)
 
 
