@@ -1,24 +1,350 @@
-"""The router's application layer. Today it keeps the tree projection up to date."""
+"""The router's application layer: fold the log into routes and inboxes, answer queries.
+
+Queries are request-reply on `grove.rpc.router.<verb>`, JSON in and out. A request may carry
+`after_seq`: the router answers once it has folded the log at least that far (so a caller who
+just appended an event sees it), or says it is behind. `inbox` long-polls: with `wait`, it
+answers as soon as something is delivered after the cursor, or when the wait is over.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from nats.aio.msg import Msg
+from prometheus_client import Counter
+
+from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
-from grove_core.tree import TreeState, evolve
+from grove_core.tree import AgentNode
+from grove_events import rpc_subject
+from grove_router.domain import HitlRequest, RouterState, evolve
+
+log = logging.getLogger(__name__)
 
 NAME = "router"
+#: The projection's name in the database (its rows: tree nodes, routes, inbox entries, requests).
+PROJECTION = NAME
+#: Longest long-poll of `inbox`, and longest wait for `after_seq`, in seconds.
+MAX_WAIT_S = 25.0
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+
+DELIVERIES = Counter("grove_router_deliveries_total", "Events delivered into agents' inboxes.")
+REQUESTS = Counter("grove_router_requests_total", "Router queries answered.", ["verb"])
+
+Answer = dict[str, Any]
+
+
+class QueryError(ValueError):
+    """A request the router cannot answer as asked; the message says what to change."""
+
+
+def _text(request: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = request.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise QueryError(f"'{name}' must be a non-empty string")
+    return value
+
+
+def _number(request: dict[str, Any], name: str, default: float, top: float) -> float:
+    value = request.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise QueryError(f"'{name}' must be a number of at least 0")
+    return min(float(value), top)
+
+
+def request_row(request: HitlRequest) -> Answer:
+    """A HITL request as the router reports it."""
+    return {**asdict(request), "pending": request.pending}
+
+
+class Router:
+    """Keeps the routing projection and answers the router's queries."""
+
+    def __init__(self, event_log: EventLog, store: ProjectionStore) -> None:
+        self.log = event_log
+        self.runner: ProjectionRunner[RouterState] = ProjectionRunner(
+            name=PROJECTION,
+            log=event_log,
+            store=store,
+            state_type=RouterState,
+            evolve=evolve,
+            after_event=self._after_event,
+        )
+        self.seen_seq = 0
+        self._inbox_waiters: dict[str, asyncio.Event] = {}
+        self._progress = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Answer]]] = {
+            "inbox": self.inbox,
+            "summary": self.summary,
+            "hierarchy": self.hierarchy,
+            "query": self.query,
+            "hitl": self.hitl,
+            "pending": self.pending,
+            "permissions": self.permissions,
+        }
+
+    @property
+    def state(self) -> RouterState:
+        """The current fold."""
+        return self.runner.state
+
+    async def _after_event(self, recorded: Recorded, live: bool) -> None:
+        self.seen_seq = recorded.seq
+        for agent_id in self.state.woken:
+            DELIVERIES.inc()
+            waiter = self._inbox_waiters.pop(agent_id, None)
+            if waiter is not None:
+                waiter.set()
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def applied(self) -> int:
+        """How far the log has been folded."""
+        return max(self.seen_seq, self.runner.applied_seq)
+
+    async def wait_applied(self, seq: int, timeout: float) -> None:
+        """Wait until the fold has reached `seq`; QueryError after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.applied() < seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise QueryError(
+                    f"the router has folded the log to seq {self.applied()}, not yet {seq}; "
+                    "retry in a moment"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def subscribe(self) -> None:
+        """Answer `grove.rpc.router.<verb>` for every verb."""
+        for verb in self.verbs:
+            await self.log.nc.subscribe(rpc_subject(NAME, verb), cb=self._on_request)
+
+    async def _on_request(self, msg: Msg) -> None:
+        # Each request runs on its own task: a long-poll must not hold up the others.
+        task = asyncio.create_task(self._answer(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, msg: Msg) -> None:
+        verb = msg.subject.rsplit(".", 1)[-1]
+        try:
+            answer = await self._dispatch(verb, msg.data)
+        except QueryError as exc:
+            answer = {"error": str(exc)}
+        REQUESTS.labels(verb).inc()
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps(answer).encode())
+
+    async def _dispatch(self, verb: str, data: bytes) -> Answer:
+        try:
+            request = json.loads(data or b"{}")
+        except json.JSONDecodeError:
+            raise QueryError("the request must be JSON") from None
+        if not isinstance(request, dict):
+            raise QueryError("the request must be a JSON object")
+        after = request.get("after_seq")
+        if after is not None:
+            if not isinstance(after, int):
+                raise QueryError("'after_seq' must be a whole number")
+            await self.wait_applied(after, MAX_WAIT_S)
+        return await self.verbs[verb](request)
+
+    def _route_of(self, agent_id: str) -> None:
+        if agent_id not in self.state.routes:
+            raise QueryError(f"no agent {agent_id!r} in the router's view; `grove tree` lists them")
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    async def inbox(self, request: dict[str, Any]) -> Answer:
+        """{agent_id, after?, limit?, wait?} -> the inbox entries after position `after`
+        (default: what the agent has committed), waiting up to `wait` seconds for one."""
+        agent_id = _text(request, "agent_id")
+        assert agent_id is not None
+        self._route_of(agent_id)
+        after_value = request.get("after")
+        if after_value is None:
+            after = self.state.routes[agent_id].committed
+        elif isinstance(after_value, int) and after_value >= 0:
+            after = after_value
+        else:
+            raise QueryError("'after' must be a whole number of at least 0")
+        limit = int(_number(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)) or DEFAULT_LIMIT
+        wait = _number(request, "wait", 0.0, MAX_WAIT_S)
+        entries = self.state.inbox(agent_id, after, limit)
+        if not entries and wait > 0:
+            waiter = self._inbox_waiters.setdefault(agent_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), wait)
+            entries = self.state.inbox(agent_id, after, limit)
+        route = self.state.routes[agent_id]
+        return {
+            "agent_id": agent_id,
+            "after": after,
+            "entries": [asdict(entry) for entry in entries],
+            "delivered": route.delivered,
+            "committed": route.committed,
+            "held": len(route.held),
+        }
+
+    def _state_of(self, node: AgentNode) -> str:
+        route = self.state.routes.get(node.agent_id)
+        return "running" if route is not None and route.running else node.state
+
+    async def summary(self, request: dict[str, Any]) -> Answer:
+        """{agent_id} -> the agent's state, task, last status, children, pending questions,
+        usage, place in the tree, capabilities and subscriptions."""
+        agent_id = _text(request, "agent_id")
+        assert agent_id is not None
+        node = self.state.tree.agents.get(agent_id)
+        if node is None:
+            self._route_of(agent_id)
+        assert node is not None
+        route = self.state.routes.get(agent_id)
+        return {
+            "agent_id": agent_id,
+            "tree_id": node.tree_id,
+            "parent": node.parent,
+            "agent_path": self.state.tree.path(agent_id),
+            "state": self._state_of(node),
+            "task": node.task,
+            "runtime": node.runtime,
+            "last_status": node.last_status,
+            "summary": node.summary,
+            "error": node.error,
+            "fork_of": node.fork_of,
+            "children": [
+                {"agent_id": c, "state": self._state_of(self.state.tree.agents[c])}
+                for c in node.children
+                if c in self.state.tree.agents
+            ],
+            "pending_questions": [
+                request_row(r) for r in self.state.pending_requests(agent_id=agent_id)
+            ],
+            "usage": {"tokens": node.tokens},
+            "permissions": None if route is None else route.permissions,
+            "granted": [] if route is None else route.granted,
+            "subscriptions": [] if route is None else route.subscriptions,
+            "inbox": {
+                "delivered": 0 if route is None else route.delivered,
+                "committed": 0 if route is None else route.committed,
+                "held": 0 if route is None else len(route.held),
+            },
+        }
+
+    def _nested(self, node: AgentNode, depth: int) -> Answer:
+        out: Answer = {
+            "agent_id": node.agent_id,
+            "state": self._state_of(node),
+            "task": node.task,
+            "summary": node.summary,
+            "children": [],
+        }
+        if depth > 0:
+            out["children"] = [
+                self._nested(self.state.tree.agents[c], depth - 1)
+                for c in node.children
+                if c in self.state.tree.agents
+            ]
+        return out
+
+    async def hierarchy(self, request: dict[str, Any]) -> Answer:
+        """{agent_id, depth?} -> the agent's tree from its root, nested, and the agent's path."""
+        agent_id = _text(request, "agent_id")
+        assert agent_id is not None
+        if agent_id not in self.state.tree.agents:
+            self._route_of(agent_id)
+        depth = int(_number(request, "depth", 64, 64))
+        path = self.state.tree.path(agent_id)
+        root = self.state.tree.agents[path[0]]
+        return {"agent_id": agent_id, "agent_path": path, "root": self._nested(root, depth)}
+
+    async def hitl(self, request: dict[str, Any]) -> Answer:
+        """{request_id} -> the request and, once given, its answer."""
+        request_id = _text(request, "request_id")
+        assert request_id is not None
+        found = self.state.requests.get(request_id)
+        if found is None:
+            raise QueryError(f"no HITL request {request_id!r}; `grove pending` lists the open ones")
+        return request_row(found)
+
+    async def pending(self, request: dict[str, Any]) -> Answer:
+        """{tree_id?, agent_id?} -> the unanswered requests, oldest first."""
+        tree_id = _text(request, "tree_id", required=False)
+        agent_id = _text(request, "agent_id", required=False)
+        found = self.state.pending_requests(tree_id=tree_id, agent_id=agent_id)
+        return {"requests": [request_row(r) for r in found]}
+
+    async def permissions(self, request: dict[str, Any]) -> Answer:
+        """{agent_id} -> its effective capabilities (null: all) and what was granted to it."""
+        agent_id = _text(request, "agent_id")
+        assert agent_id is not None
+        self._route_of(agent_id)
+        route = self.state.routes[agent_id]
+        return {"agent_id": agent_id, "permissions": route.permissions, "granted": route.granted}
+
+    async def query(self, request: dict[str, Any]) -> Answer:
+        """{type: agents|hitl|subscribers, filter?, limit?} -> matching rows."""
+        kind = _text(request, "type")
+        where = request.get("filter") or {}
+        if not isinstance(where, dict):
+            raise QueryError("'filter' must be an object of field: value")
+        limit = int(_number(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)) or DEFAULT_LIMIT
+        rows: list[Answer]
+        if kind == "agents":
+            rows = [
+                {
+                    "agent_id": n.agent_id,
+                    "tree_id": n.tree_id,
+                    "parent": n.parent,
+                    "state": self._state_of(n),
+                    "runtime": n.runtime,
+                    "task": n.task,
+                }
+                for n in self.state.tree.agents.values()
+            ]
+        elif kind == "hitl":
+            rows = [request_row(r) for r in sorted(self.state.requests.values(), key=_by_seq)]
+        elif kind == "subscribers":
+            rows = [
+                {"subscription": s, "agents": sorted(agents)}
+                for s, agents in sorted(self.state.subscribers.items())
+                if agents
+            ]
+        else:
+            raise QueryError(f"unknown query type {kind!r}; use agents, hitl or subscribers")
+        matching = [row for row in rows if all(row.get(k) == v for k, v in where.items())]
+        return {"type": kind, "rows": matching[:limit], "total": len(matching)}
+
+
+def _by_seq(request: HitlRequest) -> int:
+    return request.seq
 
 
 async def setup(service: Service) -> None:
     """Start the router inside a service process."""
     assert service.log is not None
     store = ProjectionStore(service.settings.database_for(NAME))
-    runner: ProjectionRunner[TreeState] = ProjectionRunner(
-        name=NAME, log=service.log, store=store, state_type=TreeState, evolve=evolve
-    )
-    service.ready_checks.append(runner.caught_up.is_set)
-    service.spawn(runner.run(), "router-projection")
+    router = Router(service.log, store)
+    service.ready_checks.append(router.runner.caught_up.is_set)
+    service.spawn(router.runner.run(), "router-projection")
+    await router.runner.caught_up.wait()
+    await router.subscribe()
 
 
 def main() -> None:

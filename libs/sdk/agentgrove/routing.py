@@ -1,0 +1,401 @@
+"""The client side of routing: messages, inboxes, questions for a human, permissions.
+
+Messages, injections, questions and answers are events appended to the log; the router
+folds them into inboxes and answers queries on `grove.rpc.router.<verb>`. An inbox entry
+names a stream sequence; the reader fetches the event itself from the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from grove_core.log import EventLog, LogError, RawRecord, decode_record
+from grove_events import (
+    ControlEvent,
+    Event,
+    HitlEvent,
+    InvalidEvent,
+    MessageEvent,
+    TerminateEvent,
+    new_id,
+    rpc_subject,
+)
+
+#: Seconds a router query may take before the client gives up (long-polls add their wait).
+ROUTER_TIMEOUT_S = 5.0
+#: Longest single long-poll of the inbox, in seconds (the router caps it too).
+LONG_POLL_S = 10.0
+
+
+class RouterError(LogError):
+    """The router refused a query or did not answer; the message says what to do."""
+
+
+class UnknownRequest(LookupError):
+    """No HITL request has this id."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"no HITL request {request_id!r}; `grove pending` lists the open ones")
+        self.request_id = request_id
+
+
+class AlreadyAnswered(ValueError):
+    """The HITL request has an answer already; the first answer stands."""
+
+    def __init__(self, request_id: str, answer: str | None, by: str | None) -> None:
+        who = f" by {by}" if by else ""
+        super().__init__(
+            f"HITL request {request_id!r} was already answered{who}: {answer!r}; "
+            "`grove pending` lists the open ones"
+        )
+        self.request_id = request_id
+
+
+class PermissionDenied(PermissionError):
+    """A capability the agent does not hold was asked for and refused."""
+
+    def __init__(self, agent_id: str, capability: str, answer: str) -> None:
+        super().__init__(
+            f"agent {agent_id} may not use {capability!r}: the request was refused ({answer!r})"
+        )
+        self.agent_id = agent_id
+        self.capability = capability
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    """One event delivered to an agent's inbox, with where it came from."""
+
+    index: int
+    seq: int
+    event: Event
+    source: str | None
+    agent_path: list[str]
+    priority: int = 0
+    via: str = ""
+    injected: bool = False
+
+    @property
+    def type(self) -> str:
+        """The event's kind."""
+        return self.event.type
+
+    @property
+    def text(self) -> str:
+        """What the event says, as text for a model's context."""
+        event = self.event
+        match event:
+            case MessageEvent():
+                return event.content
+            case ControlEvent():
+                return event.message or event.reason or event.action
+            case HitlEvent():
+                return (event.answer if event.action == "response" else event.prompt) or ""
+            case TerminateEvent():
+                return event.result.summary or event.error or event.reason
+        return getattr(getattr(event, "payload", None), "summary", "") or event.type
+
+
+@dataclass
+class Routing:
+    """Routing operations over one connection, acting as `identity` (an agent or a caller)."""
+
+    log: EventLog
+    identity: str = "caller"
+
+    # -- queries ---------------------------------------------------------------------------
+
+    async def rpc(
+        self, verb: str, request: dict[str, Any], timeout: float = ROUTER_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Ask the router; RouterError with its message when it refuses."""
+        try:
+            reply = await self.log.nc.request(
+                rpc_subject("router", verb), json.dumps(request).encode(), timeout=timeout
+            )
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            raise RouterError(
+                f"the router did not answer `{verb}` within {timeout:g}s; is it running "
+                "(`grove up`)?"
+            ) from None
+        answer: dict[str, Any] = json.loads(reply.data)
+        if "error" in answer:
+            raise RouterError(f"router: {answer['error']}")
+        return answer
+
+    async def _fresh(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Ask once the router has folded everything in the log now."""
+        after = await self.log.last_seq()
+        return await self.rpc(verb, {**request, "after_seq": after}, ROUTER_TIMEOUT_S + 25)
+
+    async def summary(self, agent_id: str) -> dict[str, Any]:
+        """`get_agent_summary`: state, task, last status, children, pending questions, usage."""
+        return await self._fresh("summary", {"agent_id": agent_id})
+
+    async def hierarchy(self, agent_id: str) -> dict[str, Any]:
+        """`get_hierarchy`: the agent's tree from its root, nested, and the agent's path."""
+        return await self._fresh("hierarchy", {"agent_id": agent_id})
+
+    async def query(
+        self, type: str, filter: dict[str, Any] | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """`query_index`: rows of `agents`, `hitl` or `subscribers` matching `filter`."""
+        answer = await self._fresh("query", {"type": type, "filter": filter or {}, "limit": limit})
+        rows: list[dict[str, Any]] = answer["rows"]
+        return rows
+
+    async def pending(
+        self, *, tree_id: str | None = None, agent_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Unanswered HITL requests, oldest first (of one tree or agent, or all)."""
+        request = {k: v for k, v in (("tree_id", tree_id), ("agent_id", agent_id)) if v}
+        answer = await self._fresh("pending", request)
+        rows: list[dict[str, Any]] = answer["requests"]
+        return rows
+
+    async def request(self, request_id: str) -> dict[str, Any]:
+        """One HITL request and its answer, if given; UnknownRequest when there is none."""
+        try:
+            return await self._fresh("hitl", {"request_id": request_id})
+        except RouterError as exc:
+            if "no HITL request" in str(exc):
+                raise UnknownRequest(request_id) from None
+            raise
+
+    async def permissions(self, agent_id: str) -> tuple[list[str] | None, list[str]]:
+        """An agent's effective capabilities (None: all) and those granted to it alone."""
+        answer = await self._fresh("permissions", {"agent_id": agent_id})
+        return answer["permissions"], list(answer["granted"])
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def send(
+        self,
+        content: str,
+        *,
+        to: str | None = None,
+        topic: str | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
+        requires_ack: bool = False,
+        correlation_id: str | None = None,
+        ack_of: str | None = None,
+        tree_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> str:
+        """Send a message to an agent or a topic; returns its event id."""
+        event = MessageEvent(
+            event_id=new_id(),
+            agent_id=self.identity,
+            tree_id=tree_id,
+            timestamp=datetime.now(UTC),
+            causation_id=causation_id,
+            correlation_id=correlation_id,
+            **{"from": self.identity},
+            to=to,
+            topic=topic,
+            content=content,
+            priority=priority,
+            ttl=ttl,
+            requires_ack=requires_ack,
+            ack_of=ack_of,
+        )
+        await self.log.append(event)
+        return event.event_id
+
+    async def inject(self, agent_id: str, message: str) -> str:
+        """Force a message into an agent's context, read before anything else in its inbox."""
+        event = ControlEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            timestamp=datetime.now(UTC),
+            action="inject_message",
+            issued_by=self.identity if self.identity != "caller" else None,
+            message=message,
+        )
+        await self.log.append(event)
+        return event.event_id
+
+    async def ask(
+        self,
+        prompt: str,
+        *,
+        agent_path: list[str],
+        tree_id: str | None,
+        kind: str = "question",
+        options: list[str] | None = None,
+        summary: str | None = None,
+        capability: str | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Publish a HITL request as the agent `identity`; returns its request id."""
+        event = HitlEvent(
+            event_id=new_id(),
+            agent_id=self.identity,
+            tree_id=tree_id,
+            timestamp=datetime.now(UTC),
+            action="request",
+            request_id=request_id or new_id(),
+            agent_path=agent_path,
+            kind=kind,
+            prompt=prompt,
+            options=options or [],
+            summary=summary,
+            capability=capability,
+        )
+        await self.log.append(event)
+        return event.request_id
+
+    async def answer(self, request_id: str, answer: str, by: str | None = None) -> str:
+        """Answer a pending HITL request; UnknownRequest or AlreadyAnswered otherwise."""
+        found = await self.request(request_id)
+        if not found["pending"]:
+            raise AlreadyAnswered(request_id, found["answer"], found["by"])
+        event = HitlEvent(
+            event_id=new_id(),
+            agent_id=found["agent_id"],
+            tree_id=found["tree_id"],
+            timestamp=datetime.now(UTC),
+            correlation_id=request_id,
+            action="response",
+            request_id=request_id,
+            agent_path=found["agent_path"],
+            kind=found["kind"],
+            answer=answer,
+            by=by or self.identity,
+        )
+        await self.log.append(event)
+        return event.event_id
+
+    async def wait_ack(self, message_id: str, timeout: float | None = None) -> MessageEvent:
+        """The acknowledgement of a message sent with `requires_ack` (TimeoutError after
+        `timeout` seconds)."""
+
+        async def first() -> MessageEvent:
+            async for item in self.log.events(1, subjects="grove.message.*", follow=True):
+                event = getattr(item, "event", None)
+                if isinstance(event, MessageEvent) and event.ack_of == message_id:
+                    return event
+            raise RouterError("stopped reading the log before the acknowledgement came")
+
+        return await asyncio.wait_for(first(), timeout)
+
+    # -- inboxes ---------------------------------------------------------------------------
+
+    async def _event_at(self, seq: int) -> Event:
+        try:
+            raw = await self.log.js.get_msg(self.log.stream, seq=seq, direct=True)
+        except nats.js.errors.NotFoundError:
+            raise RouterError(f"stream sequence {seq} is no longer in the log") from None
+        record = RawRecord(
+            seq=seq,
+            subject=str(raw.subject),
+            data=raw.data or b"",
+            timestamp=(raw.time or datetime.now(UTC)).astimezone(UTC),
+        )
+        try:
+            return decode_record(record).event
+        except InvalidEvent as exc:
+            raise RouterError(f"stream sequence {seq} is not a valid event: {exc}") from None
+
+    async def inbox(
+        self, agent_id: str, after: int | None = None, *, limit: int = 100, wait: float = 0.0
+    ) -> tuple[list[InboxItem], dict[str, Any]]:
+        """Inbox entries of `agent_id` after position `after` (default: what it committed),
+        waiting up to `wait` seconds for one; also the router's counts for the inbox."""
+        request: dict[str, Any] = {"agent_id": agent_id, "limit": limit, "wait": wait}
+        if after is not None:
+            request["after"] = after
+        answer = await self.rpc("inbox", request, timeout=ROUTER_TIMEOUT_S + wait)
+        items = [
+            InboxItem(
+                index=entry["index"],
+                seq=entry["seq"],
+                event=await self._event_at(entry["seq"]),
+                source=entry["source"],
+                agent_path=entry["agent_path"],
+                priority=entry["priority"],
+                via=entry["via"],
+                injected=entry["injected"],
+            )
+            for entry in answer["entries"]
+        ]
+        return items, answer
+
+
+@dataclass(order=True)
+class _Queued:
+    rank: tuple[int, int]
+    item: InboxItem = field(compare=False)
+
+
+class InboxReader:
+    """Reads one agent's inbox in order: injected messages first, then higher priority, then
+    log order among what has arrived; the cursor is how far everything has been taken."""
+
+    def __init__(self, routing: Routing, agent_id: str) -> None:
+        self.routing = routing
+        self.agent_id = agent_id
+        self._fetched: int | None = None
+        self._buffer: list[_Queued] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def cursor(self) -> int:
+        """The position up to which every entry has been taken (what may be committed)."""
+        if self._fetched is None:
+            return 0
+        if not self._buffer:
+            return self._fetched
+        return min(queued.item.index for queued in self._buffer) - 1
+
+    async def _fill(self, wait: float) -> None:
+        items, answer = await self.routing.inbox(self.agent_id, self._fetched, wait=wait)
+        if self._fetched is None:
+            self._fetched = int(answer["after"])
+        for item in items:
+            # The router ranks an injected message above every priority.
+            heapq.heappush(self._buffer, _Queued((-item.priority, item.index), item))
+            self._fetched = max(self._fetched, item.index)
+
+    async def available(self) -> list[InboxItem]:
+        """Everything in the inbox now, in reading order, taken at once."""
+        async with self._lock:
+            await self._fill(0.0)
+            return [heapq.heappop(self._buffer).item for _ in range(len(self._buffer))]
+
+    async def next(
+        self, timeout: float | None = None, match: Callable[[InboxItem], bool] | None = None
+    ) -> InboxItem:
+        """The next entry (the next one `match` accepts, leaving the others for later);
+        TimeoutError after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        async with self._lock:
+            if self._fetched is None:
+                await self._fill(0.0)
+            while True:
+                found = self._take(match)
+                if found is not None:
+                    return found
+                remaining = LONG_POLL_S if deadline is None else deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"nothing in the inbox of {self.agent_id} in time")
+                await self._fill(min(remaining, LONG_POLL_S))
+
+    def _take(self, match: Callable[[InboxItem], bool] | None) -> InboxItem | None:
+        for queued in sorted(self._buffer):
+            if match is None or match(queued.item):
+                self._buffer.remove(queued)
+                heapq.heapify(self._buffer)
+                return queued.item
+        return None
