@@ -39,6 +39,10 @@ check-schemas: $(STAMP) ## fail when docs/schemas is stale
 clean:
 	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache
 
+.PHONY: chaos
+chaos: $(STAMP) ## kill services and nats-server under a load of 5,000 agents; check every promise
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
+
 .PHONY: compose-up validate-deploy
 compose-up: ## build the image and start the Compose stack (needs a Docker engine)
 	docker compose up -d --build

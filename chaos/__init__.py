@@ -1,0 +1,1 @@
+"""Chaos runs of the whole stack: agent trees while services and nats-server are killed."""

@@ -1,0 +1,453 @@
+"""A chaos run: many agent trees while services are killed and nats-server restarts.
+
+The driver starts the local stack (two spawners), spawns trees of `chaos.agents:manager`
+agents, stops and forks some of them, and meanwhile SIGKILLs a random service every few
+seconds (and restarts it), and kills and restarts nats-server at set moments. When every agent
+has ended (or the time is up) it stops the services cleanly and checks the promises:
+
+- every agent (spawned or forked) has exactly one terminate;
+- no agent started twice;
+- each service's stored projection equals a from-scratch fold of the log up to its checkpoint;
+- the spawners' durable consumer has nothing pending or unacknowledged;
+- nothing was dead-lettered.
+
+It prints a summary, writes it as JSON (`--out`), and exits 1 if any check failed.
+Everything runs on 127.0.0.1 and stops by itself within `--duration` plus the drain time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agentgrove.stack import Stack
+from grove_artifacts.domain import ArtifactIndex
+from grove_artifacts.domain import evolve as evolve_artifacts
+from grove_core.log import EventLog, LogError, Recorded
+from grove_core.projection import FoldState, ProjectionStore
+from grove_core.tree import TreeState
+from grove_core.tree import evolve as evolve_tree
+from grove_events import (
+    AgentConfig,
+    ControlEvent,
+    ForkEvent,
+    SpawnEvent,
+    StatusEvent,
+    TerminateEvent,
+    new_id,
+)
+from grove_governor.domain import GovernorState
+from grove_governor.domain import evolve as evolve_governor
+from grove_spawner.domain import SpawnerState
+from grove_spawner.domain import evolve as evolve_spawner
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The spawners' ack wait (30 s) and some: how long a delivery to a killed spawner may hang.
+CONSUMER_DRAIN_S = 45.0
+KILLABLE = ("governor", "router", "artifacts", "spawner-1", "spawner-2")
+CONFIG = """
+resources:
+  global: {max_concurrent_agents: 5000}
+  per_parent: {max_children: 50}
+  per_tree: {max_depth: 6, max_agents: 500}
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The size and pace of a run."""
+
+    agents: int
+    depth: int
+    fanout: int
+    duration: float
+    kill_every: float
+    nats_restarts: int
+    drain: float
+    seed: int
+
+    @property
+    def per_tree(self) -> int:
+        """Agents in one tree: 1 + fanout + fanout² + … down to `depth`."""
+        return sum(self.fanout**level for level in range(self.depth + 1))
+
+    @property
+    def trees(self) -> int:
+        """Roots to spawn for about `agents` agents."""
+        return max(1, round(self.agents / self.per_tree))
+
+
+@dataclass
+class Disruptions:
+    """What the driver did to the stack."""
+
+    kills: Counter[str] = field(default_factory=Counter)
+    nats_restarts: int = 0
+    stops: int = 0
+    forks: int = 0
+    append_retries: int = 0
+
+
+# -- driving ---------------------------------------------------------------------------------------
+
+
+async def append_retrying(
+    log: EventLog, event: Any, disruptions: Disruptions, deadline: float
+) -> None:
+    """Append until acknowledged: the same event id, so a retry after a lost ack is stored once."""
+    while True:
+        try:
+            await log.append(event)
+        except LogError:
+            if time.monotonic() > deadline:
+                raise
+            disruptions.append_retries += 1
+            await asyncio.sleep(0.5)
+        else:
+            return
+
+
+async def spawn_trees(
+    log: EventLog, plan: Plan, roots: list[str], disruptions: Disruptions, rng: random.Random
+) -> None:
+    """Spawn the roots spread over the first half of the run."""
+    pause = plan.duration * 0.5 / plan.trees
+    task = json.dumps({"depth": plan.depth, "fanout": plan.fanout, "sleep": 0.3})
+    for _ in range(plan.trees):
+        agent_id = new_id()
+        event = SpawnEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            task=task,
+            config=AgentConfig(runtime="python", entrypoint="chaos.agents:manager"),
+            timestamp=datetime.now(UTC),
+        )
+        await append_retrying(log, event, disruptions, time.monotonic() + 120)
+        roots.append(agent_id)
+        await asyncio.sleep(pause * rng.uniform(0.5, 1.5))
+
+
+async def steer(
+    log: EventLog, plan: Plan, roots: list[str], disruptions: Disruptions, rng: random.Random
+) -> None:
+    """Now and then stop a root, or fork one (the fork runs a tree of its own)."""
+    end = time.monotonic() + plan.duration * 0.6
+    while time.monotonic() < end:
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        if len(roots) < 4:
+            continue
+        target = rng.choice(roots[:-2])
+        event: ControlEvent | ForkEvent
+        if rng.random() < 0.5:
+            event = ControlEvent(
+                event_id=new_id(),
+                agent_id=target,
+                action="stop",
+                reason="chaos: stopped by the driver",
+                timestamp=datetime.now(UTC),
+            )
+            disruptions.stops += 1
+        else:
+            event = ForkEvent(
+                event_id=new_id(),
+                agent_id=new_id(),
+                source_agent=target,
+                reason="chaos: forked by the driver",
+                timestamp=datetime.now(UTC),
+            )
+            disruptions.forks += 1
+        await append_retrying(log, event, disruptions, time.monotonic() + 60)
+
+
+async def disrupt(stack: Stack, plan: Plan, disruptions: Disruptions, rng: random.Random) -> None:
+    """SIGKILL a random service every `kill_every` seconds; restart nats-server at set times."""
+    start = time.monotonic()
+    nats_at = [
+        plan.duration * (i + 1) / (plan.nats_restarts + 1) for i in range(plan.nats_restarts)
+    ]
+    while (elapsed := time.monotonic() - start) < plan.duration:
+        if nats_at and elapsed >= nats_at[0]:
+            nats_at.pop(0)
+            assert stack.nats is not None
+            await asyncio.to_thread(stack.nats.kill)
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            await asyncio.to_thread(stack.nats.start)
+            disruptions.nats_restarts += 1
+        name = rng.choice(KILLABLE)
+        service = stack.services[name]
+        await asyncio.to_thread(service.kill)
+        disruptions.kills[name] += 1
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        await asyncio.to_thread(service.start)
+        await asyncio.sleep(plan.kill_every * rng.uniform(0.5, 1.5))
+    await asyncio.to_thread(stack.wait_ready, 120.0)
+
+
+# -- checking --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LogFacts:
+    """What the log says happened, counted per agent."""
+
+    records: list[Recorded]
+    named: set[str]
+    terminates: Counter[str]
+    starts: Counter[str]
+    invalid: int
+
+    @property
+    def unfinished(self) -> set[str]:
+        """Agents without a terminate."""
+        return {a for a in self.named if self.terminates[a] == 0}
+
+
+async def read_facts(log: EventLog) -> LogFacts:
+    """Replay the whole log and count what matters."""
+    records: list[Recorded] = []
+    invalid = 0
+    async for item in log.events(1):
+        if isinstance(item, Recorded):
+            records.append(item)
+        else:
+            invalid += 1
+    named: set[str] = set()
+    terminates: Counter[str] = Counter()
+    starts: Counter[str] = Counter()
+    for recorded in records:
+        event = recorded.event
+        if isinstance(event, SpawnEvent | ForkEvent):
+            named.add(event.agent_id)
+        elif isinstance(event, TerminateEvent):
+            terminates[event.agent_id] += 1
+        elif isinstance(event, StatusEvent) and event.status_type == "started":
+            starts[event.agent_id] += 1
+    return LogFacts(records, named, terminates, starts, invalid)
+
+
+async def wait_until_finished(log: EventLog, deadline: float) -> LogFacts:
+    """Read the log until every named agent has ended, or the deadline passes."""
+    while True:
+        facts = await read_facts(log)
+        if not facts.unfinished or time.monotonic() > deadline:
+            return facts
+        await asyncio.sleep(2.0)
+
+
+Evolve = Callable[[Any, Recorded], Any]
+
+
+def projections(stack: Stack) -> list[tuple[str, Path, type[FoldState], Evolve]]:
+    """Each service's projection: its name, its database, its state type and its fold."""
+    folder = stack.data_dir
+    found: list[tuple[str, Path, type[FoldState], Evolve]] = [
+        ("governor", folder / "governor.db", GovernorState, evolve_governor),
+        ("router", folder / "router.db", TreeState, evolve_tree),
+        ("artifacts", folder / "artifacts.db", ArtifactIndex, evolve_artifacts),
+    ]
+    for name in stack.services:
+        if name.startswith("spawner-"):
+            projection = f"spawner-{name}"
+            found.append((projection, folder / f"{projection}.db", SpawnerState, evolve_spawner))
+    return found
+
+
+def _json(rows: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(rows, sort_keys=True, default=str))  # type: ignore[no-any-return]
+
+
+def compare_projection(
+    name: str, database: Path, state_type: type[FoldState], evolve: Evolve, facts: LogFacts
+) -> str | None:
+    """None when the stored projection equals a fresh fold up to its checkpoint, else why not."""
+    store = ProjectionStore(f"sqlite:///{database}")
+    try:
+        checkpoint, stored = store.load(name)
+    finally:
+        store.close()
+    state: Any = state_type.from_rows({})
+    for recorded in facts.records:
+        if recorded.seq > checkpoint:
+            break
+        state = evolve(state, recorded)
+    fresh = {k: v for k, v in state.take_dirty().items() if v is not None}
+    stored_json, fresh_json = _json(stored), _json(fresh)
+    if stored_json == fresh_json:
+        return None
+    differing = sorted(
+        key
+        for key in stored_json.keys() | fresh_json.keys()
+        if stored_json.get(key) != fresh_json.get(key)
+    )
+    return f"{name}: {len(differing)} rows differ from a replay (e.g. {differing[:3]})"
+
+
+async def consumer_backlog(log: EventLog) -> tuple[int, int]:
+    """(pending, unacknowledged) of the spawners' durable consumer."""
+    info = await log.js.consumer_info(log.stream, "spawner")
+    return int(info.num_pending or 0), int(info.num_ack_pending or 0)
+
+
+async def wait_for_consumer(log: EventLog, deadline: float) -> None:
+    """Let the spawners work off their consumer: a delivery to a killed replica comes back
+    to a live one once its ack wait has passed."""
+    while time.monotonic() < deadline:
+        if await consumer_backlog(log) == (0, 0):
+            return
+        await asyncio.sleep(1.0)
+
+
+async def _quiet(_: Exception) -> None:
+    """Connection errors are expected while nats-server restarts; appends retry."""
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+async def run(plan: Plan, folder: Path, out: Path | None) -> int:
+    """One chaos run in `folder`; returns the exit code."""
+    rng = random.Random(plan.seed)  # noqa: S311 - a repeatable schedule, not a secret
+    config = folder / "grove.yaml"
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(config.write_text, CONFIG)
+    stack = Stack(
+        folder / "stack",
+        spawners=2,
+        config_file=config,
+        extra_env={
+            "PYTHONPATH": str(ROOT),
+            "GROVE_SPAWNER_TIMEOUT": "4",
+            "GROVE_HEARTBEAT_INTERVAL": "0.5",
+            "GROVE_LOG_LEVEL": "WARNING",
+        },
+    )
+    began = time.monotonic()
+    await asyncio.to_thread(stack.start)
+    disruptions = Disruptions()
+    roots: list[str] = []
+    try:
+        log = await EventLog.connect(stack.url, name="chaos-driver", error_cb=_quiet)
+        try:
+            print(f"chaos: {plan.trees} trees of {plan.per_tree} agents, {plan.duration:.0f}s of "
+                  f"kills every ~{plan.kill_every:g}s, {plan.nats_restarts} nats-server restarts",
+                  flush=True)  # fmt: skip
+            await asyncio.gather(
+                spawn_trees(log, plan, roots, disruptions, rng),
+                steer(log, plan, roots, disruptions, rng),
+                disrupt(stack, plan, disruptions, rng),
+            )
+            facts = await wait_until_finished(log, time.monotonic() + plan.drain)
+            await wait_for_consumer(log, time.monotonic() + CONSUMER_DRAIN_S)
+            for service in stack.services.values():
+                await asyncio.to_thread(service.stop)
+            pending, unacked = await consumer_backlog(log)
+            facts = await read_facts(log)
+        finally:
+            await log.close()
+        mismatches = [
+            problem
+            for name, database, state_type, evolve in projections(stack)
+            if (problem := compare_projection(name, database, state_type, evolve, facts))
+        ]
+    finally:
+        await asyncio.to_thread(stack.stop)
+    twice_ended = sorted(a for a, n in facts.terminates.items() if n > 1)
+    twice_started = sorted(a for a, n in facts.starts.items() if n > 1)
+    ends = Counter(r.event.reason for r in facts.records if isinstance(r.event, TerminateEvent))
+    checks = {
+        "every agent ended exactly once": not facts.unfinished and not twice_ended,
+        "no agent started twice": not twice_started,
+        "projections equal a replay": not mismatches,
+        "no message left unacknowledged": pending == 0 and unacked == 0,
+        "nothing dead-lettered": facts.invalid == 0,
+    }
+    summary = {
+        "agents": len(facts.named),
+        "events": len(facts.records),
+        "seconds": round(time.monotonic() - began, 1),
+        "ends": dict(ends),
+        "kills": dict(disruptions.kills),
+        "nats_restarts": disruptions.nats_restarts,
+        "stops": disruptions.stops,
+        "forks": disruptions.forks,
+        "append_retries": disruptions.append_retries,
+        "unfinished": len(facts.unfinished),
+        "ended_twice": twice_ended[:5],
+        "started_twice": twice_started[:5],
+        "projection_mismatches": mismatches,
+        "consumer_pending": pending,
+        "consumer_unacknowledged": unacked,
+        "checks": checks,
+    }
+    print_summary(summary)
+    if out is not None:
+        await asyncio.to_thread(out.write_text, json.dumps(summary, indent=2) + "\n")
+    return 0 if all(checks.values()) else 1
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The run's figures and checks, for a person."""
+    print(f"chaos: {summary['agents']} agents, {summary['events']} events, "
+          f"{summary['seconds']}s", flush=True)  # fmt: skip
+    print(f"  ends: {summary['ends']}")
+    print(f"  kills: {summary['kills']}, nats-server restarts: {summary['nats_restarts']}, "
+          f"stops: {summary['stops']}, forks: {summary['forks']}, "
+          f"append retries: {summary['append_retries']}")  # fmt: skip
+    for problem in summary["projection_mismatches"]:
+        print(f"  {problem}")
+    if summary["unfinished"]:
+        print(f"  agents without a terminate: {summary['unfinished']}")
+    for name, ok in summary["checks"].items():
+        print(f"  [{'ok' if ok else 'FAILED'}] {name}", flush=True)
+
+
+def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
+    """The plan from the command line."""
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=5000, help="about this many agents")
+    parser.add_argument("--depth", type=int, default=2, help="levels below each root")
+    parser.add_argument("--fanout", type=int, default=3, help="children of each manager")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of disruption")
+    parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between kills")
+    parser.add_argument("--nats-restarts", type=int, default=2)
+    parser.add_argument("--drain", type=float, default=180.0, help="seconds to let agents end")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a short run for CI")
+    parser.add_argument("--dir", type=Path, help="keep the run's data here (default: temporary)")
+    parser.add_argument("--out", type=Path, help="write the summary as JSON here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.agents, args.duration, args.kill_every, args.drain = 260, 25.0, 3.0, 90.0
+        args.nats_restarts = 1
+    plan = Plan(
+        agents=args.agents,
+        depth=args.depth,
+        fanout=args.fanout,
+        duration=args.duration,
+        kill_every=args.kill_every,
+        nats_restarts=args.nats_restarts,
+        drain=args.drain,
+        seed=args.seed,
+    )
+    return plan, args.dir, args.out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m chaos`."""
+    plan, folder, out = parse(sys.argv[1:] if argv is None else argv)
+    with contextlib.ExitStack() as stack:
+        if folder is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="grove-chaos-")))
+        sys.exit(asyncio.run(run(plan, folder, out)))
