@@ -36,6 +36,9 @@ schemas: $(STAMP) ## write docs/schemas/<kind>.json
 check-schemas: $(STAMP) ## fail when docs/schemas is stale
 	$(BIN)/python -m grove_core.schemas docs/schemas --check
 
+bench: $(STAMP) ## measure the control plane against raw NATS (writes bench/results.json)
+	$(BIN)/python -m bench
+
 clean:
 	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache
 

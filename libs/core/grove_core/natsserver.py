@@ -73,10 +73,9 @@ class LocalNatsServer:
             "-js",
             "-sd", str(self.data_dir / "jetstream"),
         ]  # fmt: skip
-        if self.config_file is not None:
-            args += ["-c", str(self.config_file)]
-        if self.sync_always:
-            args += ["--sync_interval", "always"]
+        config_file = self._sync_always_config() if self.sync_always else self.config_file
+        if config_file is not None:
+            args += ["-c", str(config_file)]
         log_path = self.log_file or (self.data_dir / "nats-server.log")
         args += ["-l", str(log_path)]
         self.process = subprocess.Popen(
@@ -104,6 +103,19 @@ class LocalNatsServer:
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server did not become healthy in {timeout}s (see {log_path})")
+
+    def _sync_always_config(self) -> Path:
+        """A config file that syncs every JetStream write to disk before it is acknowledged
+        (`sync_interval: always`; nats-server has no flag for it), including `config_file`."""
+        path = self.data_dir / "sync-always.conf"
+        lines = []
+        if self.config_file is not None:
+            # nats-server resolves an include relative to the including file's folder.
+            included = os.path.relpath(self.config_file.resolve(), self.data_dir.resolve())
+            lines.append(f'include "{included}"')
+        lines.append("jetstream {\n  sync_interval: always\n}")
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after `timeout`)."""

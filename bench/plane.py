@@ -1,0 +1,209 @@
+"""AgentGrove measured with all its services running, as `grove up` runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+
+from agentgrove import GroveClient
+from agentgrove.stack import Stack
+from bench.stats import latency_summary, rate
+from grove_core.log import EventLog
+from grove_events import AgentConfig, SpawnEvent, new_id
+
+REPO = Path(__file__).resolve().parent.parent
+TRIVIAL = AgentConfig(runtime="python", entrypoint="bench.agents:trivial")
+HOLDER = AgentConfig(runtime="python", entrypoint="bench.agents:holder")
+#: Limits loose enough that nothing in the benchmark is queued or rejected.
+CONFIG = """\
+resources:
+  global:
+    max_concurrent_agents: 1000000
+"""
+
+
+@dataclass
+class Watch:
+    """Follows the `started` statuses and the terminates of the log, from now on."""
+
+    log: EventLog
+    started: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    ended: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    #: Called with each terminate's agent id.
+    on_end: Callable[[str], None] | None = None
+    _subs: list[Any] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Subscribe (ordered consumers, new messages only)."""
+        js = self.log.js
+        new = js_api.DeliverPolicy.NEW
+        for subject, cb in (("grove.status.*", self._status), ("grove.terminate.*", self._end)):
+            self._subs.append(
+                await js.subscribe(
+                    subject,
+                    cb=cb,
+                    ordered_consumer=True,
+                    deliver_policy=new,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
+                )
+            )
+
+    async def stop(self) -> None:
+        """Unsubscribe."""
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    def expect(self, agent_id: str) -> tuple[asyncio.Future[float], asyncio.Future[float]]:
+        """Futures of the agent's `started` and terminate arrival times."""
+        loop = asyncio.get_running_loop()
+        started = self.started[agent_id] = loop.create_future()
+        ended = self.ended[agent_id] = loop.create_future()
+        return started, ended
+
+    async def _status(self, msg: Msg) -> None:
+        now = time.perf_counter()
+        agent_id = msg.subject.rsplit(".", 1)[-1]
+        future = self.started.get(agent_id)
+        if future is None or future.done():
+            return
+        if json.loads(msg.data).get("status_type") == "started":
+            future.set_result(now)
+
+    async def _end(self, msg: Msg) -> None:
+        now = time.perf_counter()
+        agent_id = msg.subject.rsplit(".", 1)[-1]
+        future = self.ended.get(agent_id)
+        if future is not None and not future.done():
+            future.set_result(now)
+            if self.on_end is not None:
+                self.on_end(agent_id)
+
+
+def start_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:
+    """The four services as processes against `nats_url`, limits from CONFIG."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = data_dir / "grove.yaml"
+    config.write_text(CONFIG)
+    stack = Stack(
+        data_dir,
+        nats_url=nats_url,
+        spawners=spawners,
+        config_file=config,
+        extra_env={"PYTHONPATH": str(REPO), "GROVE_LOG_LEVEL": "WARNING"},
+    )
+    return stack.start(timeout=120)
+
+
+def _spawn(config: AgentConfig, task: str = "bench", parent: str | None = None) -> SpawnEvent:
+    agent = new_id()
+    return SpawnEvent(
+        event_id=new_id(),
+        agent_id=agent,
+        tree_id=None if parent else agent,
+        timestamp=datetime.now(UTC),
+        task=task,
+        parent=parent,
+        config=config,
+    )
+
+
+async def spawn_to_started(
+    log: EventLog, watch: Watch, count: int, warmup: int = 5, timeout: float = 60.0
+) -> dict[str, Any]:
+    """Latency from appending a spawn to seeing its `started`, one trivial agent at a time
+    (each ends before the next is spawned)."""
+    samples: list[float] = []
+    for index in range(warmup + count):
+        event = _spawn(TRIVIAL)
+        started, ended = watch.expect(event.agent_id)
+        began = time.perf_counter()
+        await log.append(event)
+        at = await asyncio.wait_for(started, timeout)
+        await asyncio.wait_for(ended, timeout)
+        if index >= warmup:
+            samples.append(at - began)
+    return latency_summary(samples)
+
+
+async def burst(
+    log: EventLog, watch: Watch, count: int, timeout: float, parent: str | None = None
+) -> dict[str, Any]:
+    """`count` trivial agents appended at once (pipelined); time until every one has ended."""
+    events = [_spawn(TRIVIAL, parent=parent) for _ in range(count)]
+    remaining = {event.agent_id for event in events}
+    all_ended = asyncio.Event()
+
+    def ended(agent_id: str) -> None:
+        remaining.discard(agent_id)
+        if not remaining:
+            all_ended.set()
+
+    for event in events:
+        watch.expect(event.agent_id)
+    watch.on_end = ended
+    first_seq = await log.last_seq()
+    began = time.perf_counter()
+    try:
+        await log.append_many(events)
+        appended = time.perf_counter() - began
+        with contextlib.suppress(TimeoutError):  # reported as incomplete
+            await asyncio.wait_for(all_ended.wait(), timeout)
+    finally:
+        watch.on_end = None
+    elapsed = time.perf_counter() - began
+    done = count - len(remaining)
+    log_events = await log.last_seq() - first_seq
+    return {
+        "agents": count,
+        "ended": done,
+        "complete": done == count,
+        "seconds": round(elapsed, 3),
+        "append_seconds": round(appended, 3),
+        "agents_per_s": rate(done, elapsed),
+        "log_events": log_events,
+        "log_events_per_s": rate(log_events, elapsed),
+    }
+
+
+async def fan_out(log: EventLog, watch: Watch, children: int, timeout: float) -> dict[str, Any]:
+    """A holder parent, then `children` trivial children of it at once: time until all ended."""
+    parent = _spawn(HOLDER, task="600")
+    started, ended = watch.expect(parent.agent_id)
+    await log.append(parent)
+    await asyncio.wait_for(started, timeout)
+    result = await burst(log, watch, children, timeout, parent=parent.agent_id)
+    await GroveClient(log).stop(parent.agent_id, reason="benchmark fan-out done")
+    await asyncio.wait_for(ended, timeout)
+    return {"children": children, **{k: v for k, v in result.items() if k != "agents"}}
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident set size of a process in KiB (Linux /proc), None when unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def stack_rss(stack: Stack, nats_pid: int | None) -> dict[str, int | None]:
+    """RSS (KiB) of the nats-server and of each service process."""
+    out: dict[str, int | None] = {}
+    if nats_pid is not None:
+        out["nats-server"] = rss_kib(nats_pid)
+    for name, service in stack.services.items():
+        out[name] = rss_kib(service.process.pid) if service.process else None
+    return out

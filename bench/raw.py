@@ -1,0 +1,142 @@
+"""Raw nats-py baselines: what the same nats-server does for a client that does nothing else.
+
+Each figure is what AgentGrove's own figure is compared with: one awaited JetStream publish,
+a two-hop publish → consumer → publish → consumer round trip (the shape of spawn → admitted →
+started), pipelined `publish_async` throughput, and ordered-consumer replay throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+
+from bench.stats import latency_summary, rate
+
+STREAM = "BENCH"
+#: About the size of a spawn event as AgentGrove encodes it.
+PAYLOAD = b'{"pad":"' + b"x" * 290 + b'"}'
+MSG_ID = js_api.Header.MSG_ID.value
+#: Seconds a single measured message may take before the run counts as failed.
+PER_MESSAGE_TIMEOUT_S = 30.0
+
+
+async def ensure_stream(nc: NatsClient) -> None:
+    """The BENCH stream (file storage, like GROVE), fresh."""
+    js = nc.jetstream()
+    config = js_api.StreamConfig(
+        name=STREAM,
+        subjects=["bench.>"],
+        storage=js_api.StorageType.FILE,
+        duplicate_window=120.0,
+    )
+    await js.add_stream(config)
+
+
+async def awaited_publish(nc: NatsClient, count: int, warmup: int = 20) -> dict[str, Any]:
+    """Latency of one awaited JetStream publish (with a Nats-Msg-Id, as EventLog.append)."""
+    js = nc.jetstream()
+    samples: list[float] = []
+    for index in range(warmup + count):
+        started = time.perf_counter()
+        await js.publish("bench.pub", PAYLOAD, headers={MSG_ID: f"pub-{index}"})
+        if index >= warmup:
+            samples.append(time.perf_counter() - started)
+    return latency_summary(samples)
+
+
+async def two_hop(
+    relay: NatsClient, client: NatsClient, count: int, warmup: int = 20
+) -> dict[str, Any]:
+    """Round trip: the client publishes, a relay's consumer receives and publishes again, the
+    client's consumer receives. Relay and client have their own connections."""
+    relay_js = relay.jetstream()
+    client_js = client.jetstream()
+    waiting: dict[str, asyncio.Future[float]] = {}
+
+    async def forward(msg: Msg) -> None:
+        key = (msg.headers or {}).get(MSG_ID, "")
+        await relay_js.publish("bench.hop2", msg.data, headers={MSG_ID: key + "-back"})
+
+    async def arrived(msg: Msg) -> None:
+        key = (msg.headers or {}).get(MSG_ID, "").removesuffix("-back")
+        future = waiting.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(time.perf_counter())
+
+    new = js_api.DeliverPolicy.NEW
+    hop1 = await relay_js.subscribe(
+        "bench.hop1", cb=forward, ordered_consumer=True, deliver_policy=new
+    )
+    hop2 = await client_js.subscribe(
+        "bench.hop2", cb=arrived, ordered_consumer=True, deliver_policy=new
+    )
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    try:
+        for index in range(warmup + count):
+            key = f"hop-{index}"
+            future = waiting[key] = loop.create_future()
+            started = time.perf_counter()
+            await client_js.publish("bench.hop1", PAYLOAD, headers={MSG_ID: key})
+            done = await asyncio.wait_for(future, PER_MESSAGE_TIMEOUT_S)
+            if index >= warmup:
+                samples.append(done - started)
+    finally:
+        await hop1.unsubscribe()
+        await hop2.unsubscribe()
+    return latency_summary(samples)
+
+
+async def pipelined_publish(nc: NatsClient, count: int, window: int = 2000) -> dict[str, Any]:
+    """Throughput of `publish_async`, `window` acknowledgements outstanding at most."""
+    js = nc.jetstream()
+    started = time.perf_counter()
+    pending: list[asyncio.Future[Any]] = []
+    for index in range(count):
+        pending.append(
+            await js.publish_async("bench.async", PAYLOAD, headers={MSG_ID: f"async-{index}"})
+        )
+        if len(pending) >= window:
+            await asyncio.wait_for(asyncio.gather(*pending), PER_MESSAGE_TIMEOUT_S)
+            pending.clear()
+    await asyncio.wait_for(asyncio.gather(*pending), PER_MESSAGE_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    return {"msgs_per_s": rate(count, elapsed), "count": count, "seconds": round(elapsed, 3)}
+
+
+async def ordered_replay(
+    nc: NatsClient, stream: str, subject: str, last_seq: int, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Throughput of an ordered push consumer reading `stream` from sequence 1 to `last_seq`,
+    counting the messages and nothing else."""
+    js = nc.jetstream()
+    done = asyncio.Event()
+    seen = 0
+
+    async def count(msg: Msg) -> None:
+        nonlocal seen
+        seen += 1
+        if msg.metadata.sequence.stream >= last_seq:
+            done.set()
+
+    started = time.perf_counter()
+    sub = await js.subscribe(
+        subject,
+        cb=count,
+        stream=stream,
+        ordered_consumer=True,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        pending_msgs_limit=-1,
+        pending_bytes_limit=-1,
+    )
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    finally:
+        await sub.unsubscribe()
+    elapsed = time.perf_counter() - started
+    return {"msgs_per_s": rate(seen, elapsed), "count": seen, "seconds": round(elapsed, 3)}

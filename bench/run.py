@@ -1,0 +1,231 @@
+"""Run the benchmark: `python -m bench [--quick] [--out FILE]`.
+
+One run measures, on a fresh local nats-server each time:
+
+1. for each durability setting (the server's default, then `sync_interval: always`): the raw
+   nats-py baselines, then AgentGrove with all its services running (spawn → started latency,
+   a burst of trivial agents, and with the default setting the fan-out scale), and the RSS of
+   the nats-server and of every service process;
+2. each service's projection rebuild from a large log, against the raw ordered replay of it;
+3. memory per tracked agent and fold time of the governor's and the tree's state, at growing
+   numbers of agents.
+
+It prints a table (figure, baseline, ratio, goal) and writes the results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import uvloop
+
+from bench import memory, plane, raw, rebuild
+from bench.loggen import publish_log
+from bench.report import figures, render
+from grove_core.log import EventLog
+from grove_core.natsserver import LocalNatsServer
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How much each part of the benchmark measures."""
+
+    latency_samples: int
+    spawn_samples: int
+    async_msgs: int
+    burst_agents: int
+    rebuild_events: int
+    tracked: tuple[int, ...]
+    fan_out: tuple[int, ...]
+    timeout_s: float
+
+
+FULL = Counts(
+    latency_samples=2000,
+    spawn_samples=200,
+    async_msgs=50_000,
+    burst_agents=5000,
+    rebuild_events=1_000_000,
+    tracked=(1000, 10_000, 100_000),
+    fan_out=(1, 10, 100, 1000),
+    timeout_s=300.0,
+)
+QUICK = Counts(
+    latency_samples=50,
+    spawn_samples=10,
+    async_msgs=2000,
+    burst_agents=50,
+    rebuild_events=5000,
+    tracked=(100, 1000),
+    fan_out=(1, 10),
+    timeout_s=60.0,
+)
+MODES = ("default", "always")
+
+
+def server_sync(server: LocalNatsServer) -> dict[str, Any]:
+    """The server's JetStream sync setting and version, as its /varz reports them."""
+    url = f"http://{server.host}:{server.monitor_port}/varz"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        varz = json.load(resp)
+    config = varz.get("jetstream", {}).get("config", {})
+    return {
+        "version": varz.get("version"),
+        "sync_always": bool(config.get("sync_always", False)),
+        "sync_interval_s": config.get("sync_interval", 0) / 1e9,
+    }
+
+
+def note(message: str) -> None:
+    """Progress on stderr."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int) -> dict[str, Any]:
+    """Raw baselines and the running stack on one server with one sync setting."""
+    server = LocalNatsServer(folder / mode / "nats", sync_always=mode == "always").start()
+    out: dict[str, Any] = {}
+    try:
+        out["server"] = server_sync(server)
+        note(f"{mode}: raw baselines ({out['server']})")
+        relay = await nats.connect(server.url, name="bench-relay")
+        client = await nats.connect(server.url, name="bench-client")
+        try:
+            await raw.ensure_stream(client)
+            out["raw"] = {
+                "awaited_publish": await raw.awaited_publish(client, counts.latency_samples),
+                "two_hop": await raw.two_hop(relay, client, counts.latency_samples),
+                "publish_async": await raw.pipelined_publish(client, counts.async_msgs),
+            }
+        finally:
+            await relay.close()
+            await client.close()
+        log = await EventLog.connect(server.url, name="bench")
+        await log.ensure_stream()
+        note(f"{mode}: starting the stack")
+        stack = await asyncio.to_thread(
+            plane.start_stack, folder / mode / "stack", server.url, spawners
+        )
+        watch = plane.Watch(log)
+        try:
+            await watch.start()
+            note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
+            out["spawn_to_started"] = await plane.spawn_to_started(log, watch, counts.spawn_samples)
+            note(f"{mode}: burst of {counts.burst_agents} agents")
+            out["burst"] = await plane.burst(log, watch, counts.burst_agents, counts.timeout_s)
+            if mode == "default":
+                out["fan_out"] = []
+                for children in counts.fan_out:
+                    note(f"{mode}: fan-out of {children}")
+                    out["fan_out"].append(
+                        await plane.fan_out(log, watch, children, counts.timeout_s)
+                    )
+            pid = server.process.pid if server.process else None
+            out["rss_kib"] = plane.stack_rss(stack, pid)
+        finally:
+            await watch.stop()
+            await asyncio.to_thread(stack.stop)
+            await log.close()
+    finally:
+        server.stop()
+    return out
+
+
+async def rebuild_run(counts: Counts, folder: Path) -> dict[str, Any]:
+    """A large log, its raw replay, and each service's projection rebuild from it."""
+    server = LocalNatsServer(folder / "rebuild" / "nats").start()
+    out: dict[str, Any] = {}
+    try:
+        log = await EventLog.connect(server.url, name="bench-rebuild")
+        try:
+            await log.ensure_stream()
+            note(f"rebuild: appending {counts.rebuild_events} events")
+            out["generate"] = await publish_log(log, counts.rebuild_events)
+            last = await log.last_seq()
+            note("rebuild: raw ordered replay")
+            out["raw_replay"] = await raw.ordered_replay(
+                log.nc, log.stream, "grove.>", last, counts.timeout_s * 3
+            )
+            out["log_read"] = await rebuild.read_rate(log, last, decoded=False)
+            out["log_read_decoded"] = await rebuild.read_rate(log, last, decoded=True)
+            out["services"] = {}
+            for service in rebuild.PROJECTIONS:
+                note(f"rebuild: {service}")
+                out["services"][service] = await rebuild.rebuild(
+                    log, service, folder / "rebuild", counts.timeout_s * 3
+                )
+        finally:
+            await log.close()
+    finally:
+        server.stop()
+    return out
+
+
+def memory_run(counts: Counts) -> dict[str, Any]:
+    """State memory and fold time by agents tracked and by fan-out."""
+    out: dict[str, Any] = {"method": "tracemalloc (Python heap kept by the state)"}
+    out["tracked"] = []
+    for agents in counts.tracked:
+        note(f"memory: {agents} agents tracked")
+        out["tracked"].append(memory.tracked(agents, family=10))
+    out["fan_out"] = []
+    for children in counts.fan_out:
+        out["fan_out"].append(memory.tracked(children + 1, family=children + 1))
+    return out
+
+
+async def bench(counts: Counts, folder: Path, spawners: int) -> dict[str, Any]:
+    """The whole benchmark."""
+    results: dict[str, Any] = {
+        "meta": {
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "counts": asdict(counts),
+            "spawners": spawners,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_start": os.getloadavg(),
+            "client_event_loop": "uvloop",
+        },
+        "runs": {},
+    }
+    for mode in MODES:
+        results["runs"][mode] = await durability_run(mode, counts, folder, spawners)
+    results["rebuild"] = await rebuild_run(counts, folder)
+    results["memory"] = memory_run(counts)
+    results["meta"]["load_average_at_end"] = os.getloadavg()
+    results["figures"] = figures(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (CI smoke check)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write JSON")
+    parser.add_argument("--spawners", type=int, default=1, help="spawner replicas (default 1)")
+    args = parser.parse_args(argv)
+    if args.spawners < 1:
+        parser.error("--spawners must be at least 1")
+    counts = QUICK if args.quick else FULL
+    uvloop.install()
+    with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
+        results = asyncio.run(bench(counts, Path(tmp), args.spawners))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(render(results))
+    print(f"\nresults written to {args.out}")

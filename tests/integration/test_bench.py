@@ -1,0 +1,71 @@
+"""The benchmark's smoke check: `python -m bench --quick` runs and writes valid results.
+
+Timings are never asserted here (the machine may be loaded); only that every part ran and
+that the report holds what it claims to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "spawn→started p50" in done.stdout
+    results = json.loads(out.read_text())
+
+    runs = results["runs"]
+    assert runs["default"]["server"]["sync_always"] is False
+    assert runs["always"]["server"]["sync_always"] is True
+    counts = results["meta"]["counts"]
+    for run in runs.values():
+        assert run["raw"]["two_hop"]["samples"] == counts["latency_samples"]
+        assert run["spawn_to_started"]["samples"] == counts["spawn_samples"]
+        burst = run["burst"]
+        assert burst["complete"], burst
+        assert burst["ended"] == counts["burst_agents"]
+        # every agent leaves at least spawn, admitted, started and terminate in the log
+        assert burst["log_events"] >= 4 * counts["burst_agents"]
+        assert set(run["rss_kib"]) >= {"nats-server", "governor", "router", "artifacts"}
+    assert [row["children"] for row in runs["default"]["fan_out"]] == counts["fan_out"]
+    assert all(row["complete"] for row in runs["default"]["fan_out"])
+
+    rebuilt = results["rebuild"]
+    events = rebuilt["generate"]["events"]
+    assert rebuilt["raw_replay"]["count"] == events
+    assert rebuilt["log_read_decoded"]["events"] == events
+    for service in ("governor", "spawner", "router", "artifacts"):
+        assert rebuilt["services"][service]["applied_seq"] == events
+
+    tracked = results["memory"]["tracked"]
+    assert [row["agents"] for row in tracked] == counts["tracked"]
+    for row in tracked:
+        for state in ("governor", "router"):
+            assert row[state]["bytes_per_agent"] > 0
+
+    names = {figure["figure"] for figure in results["figures"]}
+    assert "rebuild governor" in names
+    for figure in results["figures"]:
+        assert isinstance(figure["value"], int | float)
+        assert not math.isnan(figure["value"]), figure
+        if figure["baseline"] is not None:
+            assert figure["ratio"] == pytest.approx(figure["value"] / figure["baseline"], rel=1e-2)
