@@ -12,6 +12,7 @@ from typing import Any
 import nats.errors
 
 from agentgrove.results import AgentResult
+from agentgrove.routing import Routing
 from grove_core.log import EventLog, LogError
 from grove_core.settings import DEFAULT_NATS_URL
 from grove_events import (
@@ -97,6 +98,8 @@ class GroveClient:
     def __init__(self, log: EventLog, *, identity: str = "caller") -> None:
         self.log = log
         self.identity = identity
+        #: Messages, inboxes, HITL questions and answers, and the router's queries.
+        self.routing = Routing(log, identity=identity)
 
     @classmethod
     async def connect(cls, url: str | None = None, **options: Any) -> GroveClient:
@@ -249,6 +252,27 @@ class GroveClient:
         if agent_id is not None and "self" not in answer:
             raise UnknownAgent(agent_id)
         return answer
+
+    async def send(self, content: str, *, to: str | None = None, **options: Any) -> str:
+        """Send a message to an agent (`to`) or a topic (`topic=`); returns its event id.
+        Options: topic, priority, ttl, requires_ack, correlation_id."""
+        if to is not None and not await self.exists(to):
+            raise UnknownAgent(to)
+        return await self.routing.send(content, to=to, **options)
+
+    async def inject_message(self, agent_id: str, message: str) -> str:
+        """Force a message into an agent's context (it reads it first); returns the event id."""
+        if not await self.exists(agent_id):
+            raise UnknownAgent(agent_id)
+        return await self.routing.inject(agent_id, message)
+
+    async def pending(self, tree_id: str | None = None) -> list[dict[str, Any]]:
+        """Open HITL requests (questions and permission requests), oldest first."""
+        return await self.routing.pending(tree_id=tree_id)
+
+    async def answer(self, request_id: str, answer: str) -> str:
+        """Answer a HITL request; it reaches exactly the agent that asked."""
+        return await self.routing.answer(request_id, answer)
 
     async def wait(self, agent_id: str, timeout: float | None = None) -> AgentResult:
         """Wait for the agent's terminate event; TimeoutError after `timeout` seconds."""

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, get_args
 
 from agentgrove.client import GroveClient
 from agentgrove.results import AgentResult
+from agentgrove.routing import InboxItem, InboxReader, PermissionDenied, Routing
 from grove_core.log import EventLog
-from grove_events import AgentConfig, SpawnEvent, StatusEvent, StatusPayload, new_id
+from grove_events import (
+    AgentConfig,
+    HitlEvent,
+    MessageEvent,
+    SpawnEvent,
+    StatusEvent,
+    StatusPayload,
+    new_id,
+)
 
 EntryKind = Literal["system", "user", "assistant", "tool_call", "tool_result"]
 ENTRY_KINDS: tuple[str, ...] = get_args(EntryKind)
@@ -19,6 +29,8 @@ StartKind = Literal["spawn", "fork", "resume"]
 
 #: Status types by which an agent says it has ended.
 END_STATUSES = frozenset({"completed", "failed"})
+#: How much of its task an agent's question for a human carries as its summary.
+ASK_SUMMARY_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,10 @@ class AgentContext:
         self.partial_results: list[str] = []
         #: Children spawned by this agent, in order.
         self.children: list[str] = []
+        self._routing = Routing(log, identity=spawn.agent_id)
+        self._inbox = InboxReader(self._routing, spawn.agent_id)
+        #: Capabilities as the router last said: the effective set (None: all), and grants.
+        self._capabilities: tuple[list[str] | None, set[str]] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -188,11 +204,15 @@ class AgentContext:
     async def report(self, status_type: str, summary: str = "", **details: Any) -> None:
         """Publish a status about this agent (checkpoint, blocked, discovery, completed...).
 
-        The agent's token count so far goes along as `details["tokens"]` once it is known.
+        The agent's token count so far goes along as `details["tokens"]` once it is known, and
+        how far it has read its inbox as `details["inbox_cursor"]` (what a later instance of the
+        agent does not read again).
         """
         await self.pause_point()
         if self.tokens and "tokens" not in details:
             details["tokens"] = self.tokens
+        if self._inbox.cursor and "inbox_cursor" not in details:
+            details["inbox_cursor"] = self._inbox.cursor
         await self._log.append(
             StatusEvent(
                 event_id=new_id(),
@@ -242,8 +262,10 @@ class AgentContext:
         command: list[str] | None = None,
         **options: Any,
     ) -> str:
-        """Spawn a child of this agent; returns its id."""
+        """Spawn a child of this agent; returns its id. Needs the `spawn` capability (see
+        `require_permission`)."""
         await self.pause_point()
+        await self.require_permission("spawn", f"spawn a child to: {task[:200]}")
         config = AgentConfig(
             runtime=runtime,
             entrypoint=entrypoint,
@@ -289,3 +311,203 @@ class AgentContext:
         """Stop an agent (usually a child)."""
         await self.pause_point()
         await self._client.stop(agent_id, reason)
+
+    # -- messages and the inbox -------------------------------------------------------------
+
+    async def send_message(
+        self,
+        content: str,
+        *,
+        to: str | None = None,
+        topic: str | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
+        requires_ack: bool = False,
+        correlation_id: str | None = None,
+    ) -> str:
+        """Send a message to an agent (`to`) or a topic; returns its event id.
+
+        Higher `priority` (-10..10) is read first among what the recipient has not read; a
+        message whose `ttl` (seconds) has run out before the recipient runs is not delivered.
+        """
+        await self.pause_point()
+        return await self._routing.send(
+            content,
+            to=to,
+            topic=topic,
+            priority=priority,
+            ttl=ttl,
+            requires_ack=requires_ack,
+            correlation_id=correlation_id,
+            tree_id=self.tree_id,
+            causation_id=self._spawn.event_id,
+        )
+
+    async def inject_message(self, agent_id: str, message: str) -> str:
+        """Force a message into an agent's (usually a child's) context: it reads it first."""
+        await self.pause_point()
+        return await self._routing.inject(agent_id, message)
+
+    async def next_message(self, timeout: float | None = None) -> InboxItem:
+        """The next entry of this agent's inbox, waiting for one (TimeoutError after
+        `timeout` seconds). Injected messages come first, then higher priority, then log order.
+        A message that `requires_ack` is acknowledged as it is taken."""
+        item = await self._inbox.next(timeout)
+        await self._acknowledge(item)
+        return item
+
+    async def inbox(self) -> list[InboxItem]:
+        """Everything in this agent's inbox now, in reading order, taken at once."""
+        items = await self._inbox.available()
+        for item in items:
+            await self._acknowledge(item)
+        return items
+
+    async def _acknowledge(self, item: InboxItem) -> None:
+        event = item.event
+        if isinstance(event, MessageEvent) and event.requires_ack and event.ack_of is None:
+            await self._routing.send(
+                f"ack {event.event_id}",
+                to=event.from_,
+                ack_of=event.event_id,
+                correlation_id=event.correlation_id,
+                tree_id=self.tree_id,
+                causation_id=event.event_id,
+            )
+
+    # -- questions for a human, and permissions ----------------------------------------------
+
+    async def ask_human(
+        self, prompt: str, options: list[str] | None = None, timeout: float | None = None
+    ) -> str:
+        """Ask the caller a question and wait for the answer (TimeoutError after `timeout`
+        seconds; the question stays open).
+
+        The question travels up the tree with a short summary of this agent's task (never its
+        transcript) and the answer comes back to this agent only. A question asked by an
+        earlier instance of this agent and still unanswered when it stopped is not asked
+        again: the resumed agent, asking the same, gets that question's answer.
+        """
+        await self.pause_point()
+        return await self._ask("question", prompt, options or [], None, timeout)
+
+    async def has_permission(self, capability: str) -> bool:
+        """Whether this agent holds `capability` (by its spawn's permissions or a grant)."""
+        if self._capabilities is None or not _holds(self._capabilities, capability):
+            permissions, granted = await self._routing.permissions(self.agent_id)
+            self._capabilities = (permissions, set(granted))
+        return _holds(self._capabilities, capability)
+
+    async def require_permission(self, capability: str, reason: str = "") -> None:
+        """Go on only with `capability`: when the agent does not hold it, ask for it up the
+        tree (a `permission` HITL request) and wait; PermissionDenied when refused."""
+        if await self.has_permission(capability):
+            return
+        prompt = f"agent {self.agent_id} asks for the capability {capability!r}"
+        answer = await self._ask(
+            "permission",
+            prompt + (f": {reason}" if reason else ""),
+            ["approve", "deny"],
+            capability,
+            None,
+        )
+        self._capabilities = None
+        if not await self.has_permission(capability):
+            raise PermissionDenied(self.agent_id, capability, answer)
+
+    async def _ask(
+        self,
+        kind: str,
+        prompt: str,
+        options: list[str],
+        capability: str | None,
+        timeout: float | None,
+    ) -> str:
+        request_id = self._open_question(kind, prompt, capability)
+        if request_id is None:
+            hierarchy = await self._routing.hierarchy(self.agent_id)
+            request_id = await self._routing.ask(
+                prompt,
+                agent_path=hierarchy["agent_path"],
+                tree_id=self.tree_id,
+                kind=kind,
+                options=options,
+                summary=_clip(self.task, ASK_SUMMARY_CHARS),
+                capability=capability,
+            )
+            asked = {"tool": "ask_human", "request_id": request_id, "kind": kind, "prompt": prompt}
+            if capability is not None:
+                asked["capability"] = capability
+            await self._session.record("tool_call", json.dumps(asked))
+
+        def is_answer(item: InboxItem) -> bool:
+            event = item.event
+            return (
+                isinstance(event, HitlEvent)
+                and event.action == "response"
+                and event.request_id == request_id
+            )
+
+        item = await self._inbox.next(timeout, match=is_answer)
+        response = item.event
+        assert isinstance(response, HitlEvent)
+        answer = response.answer or ""
+        await self._session.record(
+            "tool_result",
+            json.dumps(
+                {"tool": "ask_human", "request_id": request_id, "answer": answer, "by": response.by}
+            ),
+        )
+        return answer
+
+    def _open_question(self, kind: str, prompt: str, capability: str | None) -> str | None:
+        """The request id of the same question asked in this session and not answered yet."""
+        asked: dict[str, dict[str, Any]] = {}
+        for entry in self.history:
+            if entry.kind not in ("tool_call", "tool_result"):
+                continue
+            try:
+                data = json.loads(entry.content)
+            except ValueError:
+                continue
+            if not isinstance(data, dict) or data.get("tool") != "ask_human":
+                continue
+            if entry.kind == "tool_call":
+                asked[str(data.get("request_id"))] = data
+            else:
+                asked.pop(str(data.get("request_id")), None)
+        for request_id, data in reversed(asked.items()):
+            if (data.get("kind"), data.get("prompt"), data.get("capability")) == (
+                kind,
+                prompt,
+                capability,
+            ):
+                return request_id
+        return None
+
+    # -- the tree, as the router sees it -----------------------------------------------------
+
+    async def get_agent_summary(self, agent_id: str | None = None) -> dict[str, Any]:
+        """An agent's (default: this one's) state, task, last status, children, pending
+        questions and usage."""
+        return await self._routing.summary(agent_id or self.agent_id)
+
+    async def get_hierarchy(self, agent_id: str | None = None) -> dict[str, Any]:
+        """The tree of an agent (default: this one) from its root, nested, and its path."""
+        return await self._routing.hierarchy(agent_id or self.agent_id)
+
+    async def query_index(
+        self, type: str, filter: dict[str, Any] | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Rows of the router's index: `agents`, `hitl` or `subscribers`, matching `filter`."""
+        return await self._routing.query(type, filter, limit)
+
+
+def _holds(capabilities: tuple[list[str] | None, set[str]], capability: str) -> bool:
+    permissions, granted = capabilities
+    return permissions is None or capability in permissions or capability in granted
+
+
+def _clip(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."

@@ -1,0 +1,317 @@
+"""The router's fold: given these events, then these subscriptions, inboxes and requests."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from grove_core.log import Recorded
+from grove_events import AgentConfig, HitlEvent, MessageEvent, SpawnEvent, new_id
+from grove_router.domain import INJECTED_PRIORITY, RouterState, effective_permissions, evolve
+from tests.unit.helpers import T0, Log
+
+pytestmark = pytest.mark.unit
+
+
+class RoutingLog(Log):
+    """The helpers' log with messages, HITL events and permissions."""
+
+    def spawn_with(
+        self,
+        agent_id: str,
+        parent: str | None = None,
+        *,
+        permissions: list[str] | None = None,
+        **kw: Any,
+    ) -> Recorded:
+        config = AgentConfig(runtime="command", command=["true"], permissions=permissions)
+        return self.add(
+            SpawnEvent(
+                event_id=new_id(),
+                agent_id=agent_id,
+                parent=parent,
+                task=f"task of {agent_id}",
+                config=config,
+                timestamp=T0,
+                **kw,
+            )
+        )
+
+    def message(self, sender: str, content: str, at: float = 0.0, **kw: Any) -> Recorded:
+        return self.add(
+            MessageEvent(
+                event_id=new_id(),
+                agent_id=sender,
+                timestamp=T0 + timedelta(seconds=at),
+                content=content,
+                **{"from": sender},
+                **kw,
+            )
+        )
+
+    def ask(self, agent_id: str, request_id: str, **kw: Any) -> Recorded:
+        return self.add(
+            HitlEvent(
+                event_id=new_id(),
+                agent_id=agent_id,
+                timestamp=T0,
+                action="request",
+                request_id=request_id,
+                prompt=kw.pop("prompt", "which way?"),
+                **kw,
+            )
+        )
+
+    def answer(self, agent_id: str, request_id: str, answer: str) -> Recorded:
+        return self.add(
+            HitlEvent(
+                event_id=new_id(),
+                agent_id=agent_id,
+                timestamp=T0,
+                action="response",
+                request_id=request_id,
+                answer=answer,
+                by="caller",
+            )
+        )
+
+
+def fold(log: Log) -> RouterState:
+    state = RouterState()
+    for recorded in log.records:
+        state = evolve(state, recorded)
+    return state
+
+
+def inbox_types(state: RouterState, agent_id: str) -> list[tuple[str, str]]:
+    """(event type, the subscription it came by) of each entry, in inbox order."""
+    return [(e.type, e.via) for e in state.inbox(agent_id)]
+
+
+def running_tree() -> RoutingLog:
+    log = RoutingLog()
+    log.spawn_with("root")
+    log.spawn_with("kid", parent="root")
+    log.spawn_with("grandkid", parent="kid")
+    for agent in ("root", "kid", "grandkid"):
+        log.status(agent, "started")
+    return log
+
+
+def test_spawns_subscribe_parent_child_and_self() -> None:
+    log = running_tree()
+    log.spawn_with("quiet", parent="root", subscribe_parent=False, subscriptions=["topic:news"])
+    state = fold(log)
+    assert state.routes["root"].subscriptions == ["agent:root", "subtree:kid"]
+    assert state.routes["kid"].subscriptions == ["agent:kid", "lineage:kid", "subtree:grandkid"]
+    assert state.routes["quiet"].subscriptions == ["agent:quiet", "lineage:quiet", "topic:news"]
+    assert state.subscribers["topic:news"] == {"quiet"}
+
+
+def test_a_parent_receives_its_child_s_result_but_not_its_progress() -> None:
+    log = running_tree()
+    log.status("kid", "checkpoint", "halfway")
+    log.terminate("grandkid", "completed")
+    log.terminate("kid", "completed")
+    state = fold(log)
+    assert inbox_types(state, "root") == [("terminate", "subtree:kid")]
+    assert inbox_types(state, "kid") == [("terminate", "subtree:grandkid")]
+    # The grandkid had ended when its parent did: that notice waits for its next start.
+    assert inbox_types(state, "grandkid") == []
+    assert [e.via for e in state.routes["grandkid"].held] == ["lineage:grandkid"]
+
+
+def test_lineage_brings_ancestors_announcements_and_ends() -> None:
+    log = running_tree()
+    log.message("root", "everyone below: stop at noon", topic="plans")
+    log.terminate("root", "stopped")
+    state = fold(log)
+    assert inbox_types(state, "kid") == [("message", "lineage:kid"), ("terminate", "lineage:kid")]
+    assert inbox_types(state, "grandkid") == [
+        ("message", "lineage:grandkid"),
+        ("terminate", "lineage:grandkid"),
+    ]
+    assert inbox_types(state, "root") == []
+
+
+def test_topics_broadcast_and_task_subscriptions() -> None:
+    log = RoutingLog()
+    log.spawn_with("a", subscriptions=["topic:news", "task:b"])
+    log.spawn_with("b", subscriptions=["broadcast:all"])
+    log.spawn_with("c")
+    for agent in ("a", "b", "c"):
+        log.status(agent, "started")
+    log.message("c", "headline", topic="news")
+    log.message("c", "to all", topic="all")
+    log.status("b", "discovery", "found it")
+    log.control("c", "pause_all")
+    state = fold(log)
+    # task:b brings every status of b: its start, then its discovery.
+    assert inbox_types(state, "a") == [
+        ("status", "task:b"),
+        ("message", "topic:news"),
+        ("status", "task:b"),
+    ]
+    assert inbox_types(state, "b") == [("message", "broadcast:all"), ("control", "broadcast:all")]
+    assert inbox_types(state, "c") == []
+
+
+def test_messages_to_an_agent_are_not_echoed_to_the_sender() -> None:
+    log = running_tree()
+    log.message("kid", "hello", to="grandkid")
+    log.message("kid", "note to self", to="kid")
+    state = fold(log)
+    entry = state.inbox("grandkid")[0]
+    assert (entry.type, entry.source, entry.agent_path) == ("message", "kid", ["root", "kid"])
+    assert inbox_types(state, "kid") == []
+
+
+def test_held_messages_are_delivered_at_start_by_priority_without_the_expired() -> None:
+    log = RoutingLog()
+    log.spawn_with("sender")
+    log.spawn_with("late")
+    low = log.message("sender", "low", to="late", priority=-1)
+    high = log.message("sender", "high", to="late", priority=5)
+    log.message("sender", "stale", to="late", ttl=1, at=0.0)
+    fresh = log.message("sender", "fresh", to="late", ttl=100, at=0.0)
+    log.control("late", "inject_message", message="read me first")
+    state = fold(log)
+    assert state.inbox("late") == []
+    assert len(state.routes["late"].held) == 5
+    log.status("late", "started", at=10.0)
+    state = fold(log)
+    entries = state.inbox("late")
+    assert [e.seq for e in entries] == [
+        log.records[6].seq,
+        high.seq,
+        fresh.seq,
+        low.seq,
+    ]
+    assert entries[0].injected
+    assert entries[0].priority == INJECTED_PRIORITY
+    assert [e.index for e in entries] == [1, 2, 3, 4]
+    assert state.routes["late"].held == []
+
+
+def test_an_ended_agent_s_mail_waits_for_its_next_instance() -> None:
+    log = running_tree()
+    log.terminate("kid", "stopped")
+    log.message("root", "are you there?", to="kid")
+    state = fold(log)
+    assert [e.type for e in state.routes["kid"].held] == ["message"]
+    log.status("kid", "started")
+    state = fold(log)
+    assert [e.type for e in state.inbox("kid")][-1] == "message"
+
+
+def test_a_question_goes_to_every_ancestor_and_the_answer_to_the_asker_only() -> None:
+    log = running_tree()
+    log.spawn_with("sibling", parent="kid")
+    log.status("sibling", "started")
+    log.ask("grandkid", "q1", agent_path=["root", "kid", "grandkid"], summary="short")
+    state = fold(log)
+    assert [r.request_id for r in state.pending_requests(tree_id="root")] == ["q1"]
+    assert inbox_types(state, "root") == [("hitl", "subtree:kid")]
+    assert inbox_types(state, "kid") == [("hitl", "subtree:grandkid")]
+    log.answer("grandkid", "q1", "left")
+    log.answer("grandkid", "q1", "right")
+    state = fold(log)
+    assert state.pending_requests() == []
+    assert state.requests["q1"].answer == "left"
+    assert inbox_types(state, "grandkid") == [("hitl", "agent:grandkid")]
+    assert len(state.inbox("kid")) == 1
+    assert len(state.inbox("root")) == 1
+    assert state.inbox("sibling") == []
+
+
+def test_a_question_reaches_ancestors_even_without_parent_subscriptions() -> None:
+    log = RoutingLog()
+    log.spawn_with("root")
+    log.spawn_with("kid", parent="root", subscribe_parent=False)
+    log.status("root", "started")
+    log.ask("kid", "q1")
+    state = fold(log)
+    assert inbox_types(state, "root") == [("hitl", "ancestor")]
+    assert state.requests["q1"].agent_path == ["root", "kid"]
+
+
+def test_permissions_intersect_down_the_tree() -> None:
+    log = RoutingLog()
+    log.spawn_with("root")
+    log.spawn_with("limited", parent="root", permissions=["spawn", "fs.read", "shell"])
+    log.spawn_with("narrower", parent="limited", permissions=["fs.read", "net"])
+    log.spawn_with("inherits", parent="limited")
+    log.spawn_with("none", parent="limited", permissions=[])
+    state = fold(log)
+    assert state.routes["root"].permissions is None
+    assert state.routes["limited"].permissions == ["fs.read", "shell", "spawn"]
+    assert state.routes["narrower"].permissions == ["fs.read"]
+    assert state.routes["inherits"].permissions == ["fs.read", "shell", "spawn"]
+    assert state.routes["none"].permissions == []
+    assert effective_permissions(None, None) is None
+
+
+def test_an_approved_permission_request_grants_the_capability_to_that_agent_only() -> None:
+    log = RoutingLog()
+    log.spawn_with("root", permissions=["fs.read"])
+    log.spawn_with("kid", parent="root", permissions=["fs.read"])
+    log.ask("kid", "p1", kind="permission", capability="shell", prompt="may I?")
+    log.ask("kid", "p2", kind="permission", capability="net", prompt="and this?")
+    log.answer("kid", "p1", " Approve ")
+    log.answer("kid", "p2", "no")
+    state = fold(log)
+    assert state.routes["kid"].granted == ["shell"]
+    assert state.routes["kid"].holds("shell")
+    assert not state.routes["kid"].holds("net")
+    assert not state.routes["root"].holds("shell")
+
+
+def test_a_fork_keeps_its_source_s_subscriptions_and_capabilities() -> None:
+    log = running_tree()
+    log.spawn_with("worker", parent="root", permissions=["fs.read"], subscriptions=["topic:x"])
+    log.fork("worker-fork", source="worker")
+    state = fold(log)
+    fork = state.routes["worker-fork"]
+    assert fork.subscriptions == ["agent:worker-fork", "lineage:worker-fork", "topic:x"]
+    assert fork.permissions == ["fs.read"]
+    assert "subtree:worker-fork" in state.routes["root"].subscriptions
+
+
+def test_committed_cursor_comes_from_the_agent_s_status() -> None:
+    log = running_tree()
+    log.message("root", "one", to="kid")
+    log.message("root", "two", to="kid")
+    log.status("kid", "checkpoint", "read one", inbox_cursor=1)
+    log.status("kid", "checkpoint", "stale", inbox_cursor=0)
+    state = fold(log)
+    assert state.routes["kid"].committed == 1
+
+
+def test_rows_rebuild_the_same_state_and_a_replay_the_same_rows() -> None:
+    log = running_tree()
+    log.message("root", "hello", to="kid", priority=3)
+    log.ask("grandkid", "q1")
+    log.terminate("kid", "stopped")
+    log.message("root", "later", to="kid")
+    state = fold(log)
+    rows = {k: v for k, v in state.take_dirty().items() if v is not None}
+    again = RouterState.from_rows(rows)
+    assert again.routes == state.routes
+    assert again.inboxes == state.inboxes
+    assert again.requests == state.requests
+    assert again.subscribers == state.subscribers
+    assert again.tree.agents == state.tree.agents
+    replayed = fold(log)
+    assert {k: v for k, v in replayed.take_dirty().items() if v is not None} == rows
+
+
+def test_a_replayed_event_changes_nothing() -> None:
+    log = running_tree()
+    spawn = log.records[0]
+    log.message("root", "hello", to="kid")
+    state = fold(log)
+    before = (list(state.routes["root"].subscriptions), len(state.inbox("kid")))
+    state = evolve(state, Recorded(spawn.seq, spawn.subject, spawn.event))
+    assert (state.routes["root"].subscriptions, len(state.inbox("kid"))) == before
