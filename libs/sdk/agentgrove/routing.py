@@ -34,10 +34,16 @@ from grove_events import (
 ROUTER_TIMEOUT_S = 5.0
 #: Longest single long-poll of the inbox, in seconds (the router caps it too).
 LONG_POLL_S = 10.0
+#: Pause before asking again a router that did not answer (it may be restarting).
+RETRY_S = 0.5
 
 
 class RouterError(LogError):
     """The router refused a query or did not answer; the message says what to do."""
+
+
+class RouterUnavailable(RouterError):
+    """The router did not answer in time (it may be restarting)."""
 
 
 class UnknownRequest(LookupError):
@@ -123,12 +129,12 @@ class Routing:
                 rpc_subject("router", verb), json.dumps(request).encode(), timeout=timeout
             )
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            raise RouterError(
+            raise RouterUnavailable(
                 f"the router did not answer `{verb}` within {timeout:g}s; is it running "
                 "(`grove up`)?"
             ) from None
         answer: dict[str, Any] = json.loads(reply.data)
-        if "error" in answer:
+        if set(answer) == {"error"}:  # a refusal is the error alone
             raise RouterError(f"router: {answer['error']}")
         return answer
 
@@ -308,14 +314,27 @@ class Routing:
             raise RouterError(f"stream sequence {seq} is not a valid event: {exc}") from None
 
     async def inbox(
-        self, agent_id: str, after: int | None = None, *, limit: int = 100, wait: float = 0.0
+        self,
+        agent_id: str,
+        after: int | None = None,
+        *,
+        limit: int = 100,
+        wait: float = 0.0,
+        fresh: bool = False,
     ) -> tuple[list[InboxItem], dict[str, Any]]:
         """Inbox entries of `agent_id` after position `after` (default: what it committed),
-        waiting up to `wait` seconds for one; also the router's counts for the inbox."""
+        waiting up to `wait` seconds for one; also the router's counts for the inbox.
+
+        `fresh` waits until the router has folded everything in the log now.
+        """
         request: dict[str, Any] = {"agent_id": agent_id, "limit": limit, "wait": wait}
         if after is not None:
             request["after"] = after
-        answer = await self.rpc("inbox", request, timeout=ROUTER_TIMEOUT_S + wait)
+        timeout = ROUTER_TIMEOUT_S + wait
+        if fresh:
+            request["after_seq"] = await self.log.last_seq()
+            timeout += 25
+        answer = await self.rpc("inbox", request, timeout=timeout)
         items = [
             InboxItem(
                 index=entry["index"],
@@ -359,7 +378,11 @@ class InboxReader:
         return min(queued.item.index for queued in self._buffer) - 1
 
     async def _fill(self, wait: float) -> None:
-        items, answer = await self.routing.inbox(self.agent_id, self._fetched, wait=wait)
+        # The first read waits for the router to fold the log up to now (this instance's start
+        # included), so that what was held for the agent is there.
+        items, answer = await self.routing.inbox(
+            self.agent_id, self._fetched, wait=wait, fresh=self._fetched is None
+        )
         if self._fetched is None:
             self._fetched = int(answer["after"])
         for item in items:
@@ -381,8 +404,6 @@ class InboxReader:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         async with self._lock:
-            if self._fetched is None:
-                await self._fill(0.0)
             while True:
                 found = self._take(match)
                 if found is not None:
@@ -390,7 +411,11 @@ class InboxReader:
                 remaining = LONG_POLL_S if deadline is None else deadline - loop.time()
                 if remaining <= 0:
                     raise TimeoutError(f"nothing in the inbox of {self.agent_id} in time")
-                await self._fill(min(remaining, LONG_POLL_S))
+                try:
+                    await self._fill(min(remaining, LONG_POLL_S))
+                except RouterUnavailable:
+                    # The inbox is in the log: a restarted router serves it again.
+                    await asyncio.sleep(RETRY_S)
 
     def _take(self, match: Callable[[InboxItem], bool] | None) -> InboxItem | None:
         for queued in sorted(self._buffer):
