@@ -101,7 +101,7 @@ def evolve(state: TreeState, recorded: Recorded) -> TreeState:
         if event.agent_id in state.agents:
             return state
         parent = state.agents.get(event.parent) if event.parent else None
-        tree_id = event.tree_id or (parent.tree_id if parent else event.parent or event.agent_id)
+        tree_id = parent.tree_id if parent else (event.tree_id or event.parent or event.agent_id)
         state.agents[event.agent_id] = AgentNode(
             agent_id=event.agent_id,
             tree_id=tree_id,

@@ -133,6 +133,8 @@ class AgentSlot:
     children_holding: int = 0
     stop_reason: str | None = None
     child_bucket: Bucket = field(default_factory=Bucket)
+    #: The spawn names a parent the log does not know, or one in another tree (see `reason`).
+    forged: bool = False
 
     def to_row(self, order: int) -> dict[str, Any]:
         """Stored form."""
@@ -159,6 +161,7 @@ class AgentSlot:
             "children_holding": self.children_holding,
             "stop_reason": self.stop_reason,
             "child_bucket": [self.child_bucket.tokens, self.child_bucket.at],
+            "forged": self.forged,
         }
 
     @classmethod
@@ -224,6 +227,8 @@ class GovernorState(KeyedState):
     #: Agents that run, for the runtime and token checks.
     running: dict[str, None] = field(default_factory=dict, repr=False, compare=False)
     order: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    #: How many agents are in each phase (for the gauges, without a walk over every agent).
+    phases: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def row(self, key: str) -> dict[str, Any] | None:
         if key == GLOBAL_KEY:
@@ -246,6 +251,7 @@ class GovernorState(KeyedState):
             slot = AgentSlot.from_row(row)
             state.agents[slot.agent_id] = slot
             state.order[slot.agent_id] = row["order"]
+            state.phases[slot.phase] = state.phases.get(slot.phase, 0) + 1
             state._index(slot)
             if slot.phase in HOLDS_CAPACITY:
                 state.holding += 1
@@ -276,6 +282,8 @@ class GovernorState(KeyedState):
             if parent is not None:
                 parent.children_holding += delta
                 self.touch(parent.agent_id)
+        self.phases[slot.phase] -= 1
+        self.phases[phase] = self.phases.get(phase, 0) + 1
         slot.phase = phase
         self._index(slot)
         self.touch(slot.agent_id)
@@ -284,6 +292,7 @@ class GovernorState(KeyedState):
         """Track a new agent."""
         self.agents[slot.agent_id] = slot
         self.order[slot.agent_id] = len(self.order)
+        self.phases[slot.phase] = self.phases.get(slot.phase, 0) + 1
         self._index(slot)
         self.touch(slot.agent_id)
 
@@ -329,6 +338,9 @@ def _on_spawn(state: GovernorState, event: SpawnEvent) -> None:
         return  # a second spawn of a known agent changes nothing
     parent = state.agents.get(event.parent) if event.parent else None
     tree_id = event.tree_id or (parent.tree_id if parent else event.parent or event.agent_id)
+    refused = forged_parent(event, parent.tree_id if parent else None)
+    if parent is not None:
+        tree_id = parent.tree_id  # a child is in its parent's tree, whatever the event claims
     own = event.config.resource_limits
     if parent is None and tree_id not in state.trees:
         state.tree(tree_id).own_limits = own.per_tree if own is not None else None
@@ -343,8 +355,28 @@ def _on_spawn(state: GovernorState, event: SpawnEvent) -> None:
             cause=event.event_id,
             own_limits=own,
             timeout_s=event.config.timeout,
+            reason=refused or "",
+            forged=refused is not None,
         )
     )
+
+
+def forged_parent(event: SpawnEvent, parent_tree: str | None) -> str | None:
+    """Why a spawn's parent cannot be believed (None when it can).
+
+    A child's parent must be an agent the log already names, and a spawn that names its tree
+    must name the parent's: otherwise it would escape its tree's budgets and limits.
+    """
+    if event.parent is None:
+        return None
+    if parent_tree is None:
+        return f"refused: parent {event.parent} is not an agent the log knows"
+    if event.tree_id is not None and event.tree_id != parent_tree:
+        return (
+            f"refused: parent {event.parent} belongs to tree {parent_tree}, "
+            f"not to tree {event.tree_id}"
+        )
+    return None
 
 
 def _on_fork(state: GovernorState, event: ForkEvent) -> None:
@@ -366,6 +398,10 @@ def _on_fork(state: GovernorState, event: ForkEvent) -> None:
             own_limits=own,
             timeout_s=(event.config.timeout if event.config else None)
             or (source.timeout_s if source else None),
+            reason=""
+            if source
+            else f"refused: fork source {event.source_agent} is not an agent the log knows",
+            forged=source is None,
         )
     )
 
@@ -584,11 +620,15 @@ def decide(
     now: float,
     in_flight: dict[str, InFlight],
     grace_s: float = DEFAULT_GRACE_S,
+    *,
+    check_limits: bool = True,
 ) -> list[Decision]:
     """What to append next, in arrival order, at time `now` (seconds since the epoch).
 
     Agents with a decision in flight at their current sequences are skipped; in-flight
-    admissions count against every limit as if already in the log.
+    admissions count against every limit as if already in the log. Without `check_limits`,
+    running agents are not checked against their runtime and token limits (a walk over all of
+    them); the caller checks them on its clock.
     """
     scratch = _scratch(state, limits, now, in_flight)
     decisions: list[Decision] = []
@@ -630,7 +670,8 @@ def decide(
             if slot.phase == "queued":
                 continue  # already queued: it waits, in order
         decisions.append(decision)
-    decisions.extend(_over_limits(state, limits, now, in_flight, grace_s))
+    if check_limits:
+        decisions.extend(_over_limits(state, limits, now, in_flight, grace_s))
     return decisions
 
 
@@ -701,6 +742,8 @@ def _admission(
 ) -> Decision:
     tree_limits = effective_tree_limits(state, limits, slot.tree_id)
     seq = slot.status_seq
+    if slot.forged:
+        return Reject(slot.agent_id, seq, slot.reason)
     if tree_limits.max_depth is not None and slot.depth > tree_limits.max_depth:
         return Reject(
             slot.agent_id,
