@@ -10,7 +10,13 @@ from typing import Any, Literal, Protocol, get_args
 
 from agentgrove.client import GroveClient
 from agentgrove.results import AgentResult
-from agentgrove.routing import InboxItem, InboxReader, PermissionDenied, Routing
+from agentgrove.routing import (
+    InboxItem,
+    InboxReader,
+    PermissionDenied,
+    Routing,
+    UnknownRequest,
+)
 from grove_core.log import EventLog
 from grove_events import (
     AgentConfig,
@@ -425,8 +431,19 @@ class AgentContext:
     ) -> str:
         request_id = self._open_question(kind, prompt, capability)
         if request_id is None:
+            # Recorded before it is published: a stop in between leaves an open question that
+            # the next instance publishes under the same id.
+            request_id = new_id()
+            asked = {"tool": "ask_human", "request_id": request_id, "kind": kind, "prompt": prompt}
+            if capability is not None:
+                asked["capability"] = capability
+            await self._session.record("tool_call", json.dumps(asked))
+            published = False
+        else:
+            published = await self._published(request_id)
+        if not published:
             hierarchy = await self._routing.hierarchy(self.agent_id)
-            request_id = await self._routing.ask(
+            await self._routing.ask(
                 prompt,
                 agent_path=hierarchy["agent_path"],
                 tree_id=self.tree_id,
@@ -434,11 +451,8 @@ class AgentContext:
                 options=options,
                 summary=_clip(self.task, ASK_SUMMARY_CHARS),
                 capability=capability,
+                request_id=request_id,
             )
-            asked = {"tool": "ask_human", "request_id": request_id, "kind": kind, "prompt": prompt}
-            if capability is not None:
-                asked["capability"] = capability
-            await self._session.record("tool_call", json.dumps(asked))
 
         def is_answer(item: InboxItem) -> bool:
             event = item.event
@@ -459,6 +473,14 @@ class AgentContext:
             ),
         )
         return answer
+
+    async def _published(self, request_id: str) -> bool:
+        """Whether the log has the request (the router has folded the log up to now)."""
+        try:
+            await self._routing.request(request_id)
+        except UnknownRequest:
+            return False
+        return True
 
     def _open_question(self, kind: str, prompt: str, capability: str | None) -> str | None:
         """The request id of the same question asked in this session and not answered yet."""

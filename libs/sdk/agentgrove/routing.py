@@ -32,8 +32,11 @@ from grove_events import (
 
 #: Seconds a router query may take before the client gives up (long-polls add their wait).
 ROUTER_TIMEOUT_S = 5.0
-#: Longest single long-poll of the inbox, in seconds (the router caps it too).
-LONG_POLL_S = 10.0
+#: Longest single long-poll of an agent's inbox reader, in seconds.
+LONG_POLL_S = 5.0
+#: How long past its wait a long-poll may take to come back before the reader asks again
+#: (a router killed during a poll never answers it).
+POLL_MARGIN_S = 2.0
 #: Pause before asking again a router that did not answer (it may be restarting).
 RETRY_S = 0.5
 
@@ -321,16 +324,18 @@ class Routing:
         limit: int = 100,
         wait: float = 0.0,
         fresh: bool = False,
+        margin: float = ROUTER_TIMEOUT_S,
     ) -> tuple[list[InboxItem], dict[str, Any]]:
         """Inbox entries of `agent_id` after position `after` (default: what it committed),
         waiting up to `wait` seconds for one; also the router's counts for the inbox.
 
-        `fresh` waits until the router has folded everything in the log now.
+        `fresh` waits until the router has folded everything in the log now; `margin` is how
+        long past `wait` the answer may take.
         """
         request: dict[str, Any] = {"agent_id": agent_id, "limit": limit, "wait": wait}
         if after is not None:
             request["after"] = after
-        timeout = ROUTER_TIMEOUT_S + wait
+        timeout = margin + wait
         if fresh:
             request["after_seq"] = await self.log.last_seq()
             timeout += 25
@@ -378,10 +383,15 @@ class InboxReader:
         return min(queued.item.index for queued in self._buffer) - 1
 
     async def _fill(self, wait: float) -> None:
-        # The first read waits for the router to fold the log up to now (this instance's start
-        # included), so that what was held for the agent is there.
+        # The first read does not wait for new entries but for the router to fold the log up
+        # to now (this instance's start included), so that what was held for the agent is there.
+        first = self._fetched is None
         items, answer = await self.routing.inbox(
-            self.agent_id, self._fetched, wait=wait, fresh=self._fetched is None
+            self.agent_id,
+            self._fetched,
+            wait=0.0 if first else wait,
+            fresh=first,
+            margin=ROUTER_TIMEOUT_S if first else POLL_MARGIN_S,
         )
         if self._fetched is None:
             self._fetched = int(answer["after"])

@@ -1,0 +1,197 @@
+"""Questions for a human and permissions, with the whole stack on a real nats-server: a
+grandchild's question answered by the caller, an answer given while the asker is stopped,
+clear errors for unknown and answered requests, permission intersection, approval, denial."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentgrove import GroveClient, build_config
+from agentgrove.routing import AlreadyAnswered, UnknownRequest
+from grove_core.log import Recorded
+from grove_events import HitlEvent, StatusEvent, TerminateEvent
+from tests.conftest import NatsEndpoint, StackFactory
+
+pytestmark = pytest.mark.integration
+
+
+def agent(name: str, **options: Any) -> Any:
+    return build_config("python", entrypoint=f"tests.routing_agents:{name}", **options)
+
+
+@pytest.fixture
+async def client(nats_server: NatsEndpoint) -> AsyncIterator[GroveClient]:
+    async with await GroveClient.connect(nats_server.url) as grove:
+        yield grove
+
+
+async def next_request(client: GroveClient, tree_id: str, timeout: float = 30) -> dict[str, Any]:
+    """The first open request of a tree, as the caller watching its root sees it (the log)."""
+
+    async def first() -> str:
+        async for item in client.log.events(1, subjects="grove.hitl.*", follow=True):
+            if isinstance(item, Recorded) and isinstance(item.event, HitlEvent):
+                event = item.event
+                if event.action == "request" and event.agent_path[:1] == [tree_id]:
+                    return event.request_id
+        raise AssertionError("the log ended")
+
+    request_id = await asyncio.wait_for(first(), timeout)
+    return await client.routing.request(request_id)
+
+
+async def ends(
+    client: GroveClient, agent_id: str, count: int, timeout: float = 40
+) -> TerminateEvent:
+    """The agent's `count`-th terminate."""
+
+    async def nth() -> TerminateEvent:
+        seen = 0
+        async for item in client.log.events(1, subjects=f"grove.terminate.{agent_id}", follow=True):
+            if isinstance(item, Recorded) and isinstance(item.event, TerminateEvent):
+                seen += 1
+                if seen == count:
+                    return item.event
+        raise AssertionError("the log ended")
+
+    return await asyncio.wait_for(nth(), timeout)
+
+
+async def test_a_grandchild_s_question_is_answered_by_the_caller_and_reaches_only_it(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    stack = await asyncio.to_thread(make_stack)
+    root = await client.spawn("which way to the sea?", agent("top"))
+    request = await next_request(client, root)
+    root_summary = await client.routing.summary(root)
+    middle = root_summary["children"][0]["agent_id"]
+    grandchild = (await client.routing.summary(middle))["children"][0]["agent_id"]
+    assert request["agent_path"] == [root, middle, grandchild]
+    assert request["agent_id"] == grandchild
+    assert request["kind"] == "question"
+    assert request["options"] == ["left", "right"]
+    assert request["summary"] == "which way to the sea?"
+    assert [r["request_id"] for r in await client.pending(root)] == [request["request_id"]]
+    assert [
+        q["request_id"] for q in (await client.routing.summary(grandchild))["pending_questions"]
+    ] == [request["request_id"]]
+
+    # A router restart loses no pending request.
+    await asyncio.to_thread(stack.services["router"].kill)
+    await asyncio.to_thread(stack.restart, "router")
+    assert [r["request_id"] for r in await client.pending(root)] == [request["request_id"]]
+
+    await client.answer(request["request_id"], "left")
+    result = await client.wait(root, timeout=40)
+    assert (result.reason, result.summary) == ("completed", "answer: left")
+    assert await client.pending(root) == []
+
+    def hitl_kinds(items: list[Any]) -> list[str]:
+        return [item.event.action for item in items if isinstance(item.event, HitlEvent)]
+
+    inboxes = {
+        name: (await client.routing.inbox(agent_id, 0, limit=1000, fresh=True))[0]
+        for name, agent_id in (("root", root), ("middle", middle), ("grandchild", grandchild))
+    }
+    assert hitl_kinds(inboxes["grandchild"]) == ["response"]
+    assert hitl_kinds(inboxes["middle"]) == ["request"]
+    assert hitl_kinds(inboxes["root"]) == ["request"]
+    # The parent's inbox holds its child's result, not the grandchild's.
+    terminates = [i.source for i in inboxes["root"] if i.type == "terminate"]
+    assert terminates == [middle]
+
+
+async def test_an_answer_given_while_the_asker_is_stopped_reaches_it_when_it_resumes(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    asker = await client.spawn("left or right?", agent("asker"))
+    request = await next_request(client, asker)
+    await client.stop(asker)
+    assert (await ends(client, asker, 1)).reason == "stopped"
+    await client.answer(request["request_id"], "right")
+    await client.resume(asker)
+    resumed = await ends(client, asker, 2)
+    assert (resumed.reason, resumed.result.summary) == ("completed", "answer: right")
+    asked = await client.routing.query("hitl", {"agent_id": asker})
+    assert [row["request_id"] for row in asked] == [request["request_id"]]
+
+
+async def test_unknown_and_answered_requests_are_clear_errors(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    with pytest.raises(UnknownRequest, match="no HITL request 'nope'"):
+        await client.answer("nope", "yes")
+    asker = await client.spawn("once?", agent("asker"))
+    request = await next_request(client, asker)
+    await client.answer(request["request_id"], "left")
+    with pytest.raises(AlreadyAnswered, match="already answered by caller: 'left'"):
+        await client.answer(request["request_id"], "right")
+    assert (await client.wait(asker, timeout=30)).summary == "answer: left"
+
+
+async def test_a_child_s_permissions_are_its_parent_s_intersected_with_its_own(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    parent = await client.spawn(
+        "limit", agent("parent_of_limited", permissions=["spawn", "fs.read"])
+    )
+    result = await client.wait(parent, timeout=40)
+    assert result.reason == "completed", result.error
+    assert json.loads(result.summary) == {"spawn": False, "fs.read": True, "net": False}
+    root = await client.spawn("spawn,shell", agent("capabilities"))
+    assert json.loads((await client.wait(root, timeout=30)).summary) == {
+        "spawn": True,
+        "shell": True,
+    }
+
+
+async def test_a_permission_request_approved_and_one_denied(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    approved = await client.spawn("shell", agent("needs_capability", permissions=["fs.read"]))
+    request = await next_request(client, approved)
+    assert (request["kind"], request["capability"]) == ("permission", "shell")
+    await client.answer(request["request_id"], "approve")
+    assert (await client.wait(approved, timeout=30)).summary == "granted shell"
+    summary = await client.routing.summary(approved)
+    assert summary["permissions"] == ["fs.read"]
+    assert summary["granted"] == ["shell"]
+
+    denied = await client.spawn("net", agent("needs_capability", permissions=[]))
+    request = await next_request(client, denied)
+    await client.answer(request["request_id"], "deny")
+    result = await client.wait(denied, timeout=30)
+    assert result.summary.startswith(f"denied: agent {denied} may not use 'net'")
+    assert (await client.routing.summary(denied))["granted"] == []
+
+
+async def test_spawning_without_the_spawn_capability_asks_first(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    parent = await client.spawn("ask me", agent("top", permissions=["fs.read"]))
+    request = await next_request(client, parent)
+    assert (request["kind"], request["capability"], request["agent_id"]) == (
+        "permission",
+        "spawn",
+        parent,
+    )
+    statuses = [
+        item.event.status_type
+        async for item in client.log.events(1, subjects=f"grove.status.{parent}")
+        if isinstance(item, Recorded) and isinstance(item.event, StatusEvent)
+    ]
+    assert "completed" not in statuses
+    await client.answer(request["request_id"], "deny")
+    result = await client.wait(parent, timeout=30)
+    assert result.reason == "failed"
+    assert "may not use 'spawn'" in (result.error or "")
