@@ -88,8 +88,8 @@ def figures(results: dict[str, Any]) -> list[dict[str, Any]]:
                 baseline_name="raw publish_async",
             )
         )
-    rebuilt = results["rebuild"]
-    replay = rebuilt["raw_replay"]["msgs_per_s"]
+    rebuilt = results.get("rebuild", {"services": {}})
+    replay = rebuilt.get("raw_replay", {}).get("msgs_per_s", 0.0)
     for service, figure in rebuilt["services"].items():
         out.append(
             _figure(
@@ -102,8 +102,9 @@ def figures(results: dict[str, Any]) -> list[dict[str, Any]]:
                 met=figure["events_per_s"] >= replay / 2,
             )
         )
-    largest = results["memory"]["tracked"][-1]
-    for state in ("governor", "router"):
+    tracked = results.get("memory", {}).get("tracked", [])
+    for state in ("governor", "router") if tracked else ():
+        largest = tracked[-1]
         per_agent = largest[state]["bytes_per_agent"]
         out.append(
             _figure(
@@ -165,47 +166,56 @@ def render(results: dict[str, Any]) -> str:
         parts.append(
             f"\nstack RSS after the burst [{mode}]: {listed}; total {total / 1024:.1f} MiB"
         )
-    fan = results["runs"]["default"].get("fan_out", [])
-    mem_fan = {row["agents"] - 1: row for row in results["memory"]["fan_out"]}
-    parts.append("\nscale: fan-out (children of one parent, live stack; state memory per child)")
-    parts.append(
-        _table(
-            ["children", "seconds", "agents/s", "governor B/agent", "router B/agent"],
-            [
+    fan = results["runs"].get("default", {}).get("fan_out", [])
+    memory = results.get("memory")
+    if fan:
+        mem_fan = {row["agents"] - 1: row for row in memory["fan_out"]} if memory else {}
+
+        def per_child(children: int, state: str) -> str:
+            row = mem_fan.get(children)
+            return _num(row[state]["bytes_per_agent"]) if row else "-"
+
+        parts.append("\nscale: fan-out (children of one parent, live stack; memory per child)")
+        parts.append(
+            _table(
+                ["children", "seconds", "agents/s", "governor B/agent", "router B/agent"],
                 [
-                    _num(row["children"]),
-                    _num(row["seconds"]),
-                    _num(row["agents_per_s"]),
-                    _num(mem_fan[row["children"]]["governor"]["bytes_per_agent"]),
-                    _num(mem_fan[row["children"]]["router"]["bytes_per_agent"]),
-                ]
-                for row in fan
-            ],
+                    [
+                        _num(row["children"]),
+                        _num(row["seconds"]),
+                        _num(row["agents_per_s"]),
+                        per_child(row["children"], "governor"),
+                        per_child(row["children"], "router"),
+                    ]
+                    for row in fan
+                ],
+            )
         )
-    )
-    parts.append(f"\nscale: agents tracked ({results['memory']['method']})")
-    parts.append(
-        _table(
-            ["agents", "state", "fold events/s", "bytes/agent", "MiB", "decide ms"],
-            [
+    if memory:
+        parts.append(f"\nscale: agents tracked ({memory['method']})")
+        parts.append(
+            _table(
+                ["agents", "state", "fold events/s", "bytes/agent", "MiB", "decide ms"],
                 [
-                    _num(row["agents"]),
-                    state,
-                    _num(row[state]["fold_events_per_s"]),
-                    _num(row[state]["bytes_per_agent"]),
-                    _num(row[state]["total_mib"]),
-                    _num(row[state].get("decide_ms")),
-                ]
-                for row in results["memory"]["tracked"]
-                for state in ("governor", "router")
-            ],
+                    [
+                        _num(row["agents"]),
+                        state,
+                        _num(row[state]["fold_events_per_s"]),
+                        _num(row[state]["bytes_per_agent"]),
+                        _num(row[state]["total_mib"]),
+                        _num(row[state].get("decide_ms")),
+                    ]
+                    for row in memory["tracked"]
+                    for state in ("governor", "router")
+                ],
+            )
         )
-    )
-    rebuilt = results["rebuild"]
-    parts.append(
-        f"\nrebuild log: {rebuilt['generate']['events']:,} events appended at "
-        f"{rebuilt['generate']['events_per_s']:,.0f}/s; EventLog.read "
-        f"{rebuilt['log_read']['events_per_s']:,.0f}/s, read+decode "
-        f"{rebuilt['log_read_decoded']['events_per_s']:,.0f}/s"
-    )
+    rebuilt = results.get("rebuild")
+    if rebuilt:
+        parts.append(
+            f"\nrebuild log: {rebuilt['generate']['events']:,} events appended at "
+            f"{rebuilt['generate']['events_per_s']:,.0f}/s; EventLog.read "
+            f"{rebuilt['log_read']['events_per_s']:,.0f}/s, read+decode "
+            f"{rebuilt['log_read_decoded']['events_per_s']:,.0f}/s"
+        )
     return "\n".join(parts)

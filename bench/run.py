@@ -76,6 +76,8 @@ QUICK = Counts(
     timeout_s=60.0,
 )
 MODES = ("default", "always")
+#: What a run can measure: the stack under each sync setting, rebuilds, state memory.
+PARTS = frozenset({*MODES, "rebuild", "memory"})
 
 
 def server_sync(server: LocalNatsServer) -> dict[str, Any]:
@@ -189,7 +191,9 @@ def memory_run(counts: Counts) -> dict[str, Any]:
     return out
 
 
-async def bench(counts: Counts, folder: Path, spawners: int) -> dict[str, Any]:
+async def bench(
+    counts: Counts, folder: Path, spawners: int, parts: frozenset[str] = PARTS
+) -> dict[str, Any]:
     """The whole benchmark."""
     results: dict[str, Any] = {
         "meta": {
@@ -200,13 +204,17 @@ async def bench(counts: Counts, folder: Path, spawners: int) -> dict[str, Any]:
             "python": platform.python_version(),
             "load_average_at_start": os.getloadavg(),
             "client_event_loop": "uvloop",
+            "parts": sorted(parts),
         },
         "runs": {},
     }
     for mode in MODES:
-        results["runs"][mode] = await durability_run(mode, counts, folder, spawners)
-    results["rebuild"] = await rebuild_run(counts, folder)
-    results["memory"] = memory_run(counts)
+        if mode in parts:
+            results["runs"][mode] = await durability_run(mode, counts, folder, spawners)
+    if "rebuild" in parts:
+        results["rebuild"] = await rebuild_run(counts, folder)
+    if "memory" in parts:
+        results["memory"] = memory_run(counts)
     results["meta"]["load_average_at_end"] = os.getloadavg()
     results["figures"] = figures(results)
     return results
@@ -218,13 +226,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small counts (CI smoke check)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write JSON")
     parser.add_argument("--spawners", type=int, default=1, help="spawner replicas (default 1)")
+    parser.add_argument(
+        "--parts",
+        default=",".join(sorted(PARTS)),
+        help=f"comma-separated parts to run (default all: {', '.join(sorted(PARTS))})",
+    )
     args = parser.parse_args(argv)
     if args.spawners < 1:
         parser.error("--spawners must be at least 1")
+    parts = frozenset(part.strip() for part in args.parts.split(",") if part.strip())
+    if not parts or not parts <= PARTS:
+        parser.error(f"--parts takes some of {', '.join(sorted(PARTS))}; got {args.parts!r}")
     counts = QUICK if args.quick else FULL
     uvloop.install()
     with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
-        results = asyncio.run(bench(counts, Path(tmp), args.spawners))
+        results = asyncio.run(bench(counts, Path(tmp), args.spawners, parts))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(render(results))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +49,27 @@ class LogError(RuntimeError):
     """The log could not be reached or refused an operation; the message says what to do."""
 
 
+class LogFull(LogError):
+    """The stream is at its size limit and refuses new messages; nothing was stored."""
+
+    def __init__(self, subject: str, description: str) -> None:
+        super().__init__(
+            f"the log is full ({description}); {subject} was not stored: retry once an operator "
+            "has freed space or raised the GROVE stream's limits"
+        )
+
+
+#: JetStream's error code for a stream at its limits ("maximum bytes/messages exceeded").
+LOG_FULL_CODES = frozenset({10077})
+
+
+def refused(subject: str, code: int | None, description: str | None) -> LogError:
+    """The domain error for an append the stream refused."""
+    if code in LOG_FULL_CODES:
+        return LogFull(subject, description or "stream limit reached")
+    return LogError(f"the log refused {subject}: {description}")
+
+
 class ConcurrencyConflict(LogError):
     """An append guarded by an expected sequence lost: someone else decided first."""
 
@@ -63,6 +85,15 @@ class Appended:
 
     seq: int
     duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One append of a batch: an event and its optional guard, as for `EventLog.append`."""
+
+    event: Event
+    expect_last_seq: int | None = None
+    expect_subject: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +301,7 @@ class EventLog:
         except nats.js.errors.APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConcurrencyConflict(expect_subject or subject, expect_last_seq or 0) from None
-            raise LogError(f"the log refused {subject}: {exc.description}") from None
+            raise refused(subject, exc.err_code, exc.description) from None
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise LogError(
                 f"no acknowledgement from stream {self.stream} for {subject} "
@@ -290,6 +321,49 @@ class EventLog:
             )
         acks = await asyncio.gather(*futures)
         return [Appended(int(a.seq), bool(a.duplicate)) for a in acks]
+
+    async def append_batch(
+        self, appends: Sequence[Append], *, timeout: float = 10.0
+    ) -> list[Appended | ConcurrencyConflict]:
+        """Append many events pipelined (`publish_async`), each with its own guard, in order.
+
+        Returns, for each, where it landed or the ConcurrencyConflict of a guard that lost; the
+        appends that lost change nothing, the others are stored. Raises LogError when the log
+        refused or did not acknowledge an append (a retry of the batch is idempotent).
+        """
+        futures = []
+        for item in appends:
+            event = item.event
+            headers = self._headers(event, item.expect_last_seq, item.expect_subject)
+            futures.append(
+                await self.js.publish_async(
+                    subject_for(event.type, event.agent_id), encode(event), headers=headers
+                )
+            )
+        try:
+            acks = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
+        except TimeoutError:
+            raise LogError(
+                f"no acknowledgement from stream {self.stream} for a batch of {len(futures)} "
+                f"within {timeout:g}s; retry: the appends are idempotent"
+            ) from None
+        out: list[Appended | ConcurrencyConflict] = []
+        for item, ack in zip(appends, acks, strict=True):
+            subject = subject_for(item.event.type, item.event.agent_id)
+            if isinstance(ack, nats.js.errors.APIError):
+                if ack.err_code != WRONG_LAST_SEQUENCE:
+                    raise refused(subject, ack.err_code, ack.description)
+                out.append(
+                    ConcurrencyConflict(item.expect_subject or subject, item.expect_last_seq or 0)
+                )
+            elif isinstance(ack, BaseException):
+                raise LogError(
+                    f"no acknowledgement from stream {self.stream} for {subject} "
+                    f"({ack.__class__.__name__}); retry: the append is idempotent"
+                )
+            else:
+                out.append(Appended(int(ack.seq), bool(ack.duplicate)))
+        return out
 
     async def record_invalid(self, record: RawRecord, error: InvalidEvent, service: str) -> bool:
         """Record an invalid message on `grove.deadletter.<kind>.<seq>`, once whoever asks.
@@ -322,6 +396,22 @@ class EventLog:
         """The newest message on a subject (wildcards allowed), or None."""
         try:
             raw = await self.js.get_last_msg(self.stream, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        return RawRecord(
+            seq=int(raw.seq or 0),
+            subject=str(raw.subject),
+            data=raw.data or b"",
+            timestamp=_stream_time(raw.time or datetime.now(UTC)),
+            headers=dict(raw.headers or {}),
+        )
+
+    async def get_next(self, subject: str, from_seq: int) -> RawRecord | None:
+        """The first message on a subject (wildcards allowed) at or after `from_seq`, or None."""
+        try:
+            raw = await self.js.get_msg(
+                self.stream, seq=max(from_seq, 1), subject=subject, direct=True, next=True
+            )
         except nats.js.errors.NotFoundError:
             return None
         return RawRecord(
@@ -495,28 +585,84 @@ class DurableConsumer:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def run(self, handle: Callable[[Delivery], Awaitable[None]], stop: asyncio.Event) -> None:
+    async def run(
+        self,
+        handle: Callable[[Delivery], Awaitable[None]],
+        stop: asyncio.Event,
+        *,
+        concurrency: int = 1,
+    ) -> None:
         """Fetch and hand each message to `handle` until `stop` is set.
 
         `handle` acks (or naks) each delivery; a handler that raises gets the message
-        redelivered after a short delay, never dropped.
+        redelivered after a short delay, never dropped. With `concurrency` above 1, up to that
+        many deliveries are handled at once, but those on one subject (one agent) still one
+        after the other, in stream order. Handlers in progress finish before `run` returns.
         """
         if self._sub is None:
             await self.start()
         assert self._sub is not None
-        while not stop.is_set():
-            try:
-                msgs = await self._sub.fetch(self.batch, timeout=1.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))
+        limit = asyncio.Semaphore(max(1, concurrency))
+        #: subject -> the newest handler task on it, which the next one on it waits for
+        tails: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
                 try:
-                    await handle(delivery)
-                except Exception:
-                    log.exception("handler failed on %s seq %s", msg.subject, delivery.record.seq)
-                    with contextlib.suppress(Exception):
-                        await delivery.nak(delay=1.0)
+                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (
+                    nats.errors.ConnectionClosedError,
+                    nats.errors.ConnectionReconnectingError,
+                ):
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in msgs:
+                    delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))
+                    if concurrency <= 1:
+                        await _handle_one(handle, delivery)
+                        continue
+                    await limit.acquire()
+                    subject = msg.subject
+                    task = asyncio.create_task(
+                        _handle_after(tails.get(subject), handle, delivery, limit)
+                    )
+                    tails[subject] = task
+                    task.add_done_callback(functools.partial(_forget_tail, tails, subject))
+        finally:
+            if tails:
+                await asyncio.wait(set(tails.values()))
+
+
+def _forget_tail(
+    tails: dict[str, asyncio.Task[None]], subject: str, done: asyncio.Task[None]
+) -> None:
+    """Drop a finished handler from `tails` unless a newer one on its subject took its place."""
+    if tails.get(subject) is done:
+        del tails[subject]
+
+
+async def _handle_one(handle: Callable[[Delivery], Awaitable[None]], delivery: Delivery) -> None:
+    """Run a handler; if it raises, the message is delivered again after a second."""
+    try:
+        await handle(delivery)
+    except Exception:
+        record = delivery.record
+        log.exception("handler failed on %s seq %s", record.subject, record.seq)
+        with contextlib.suppress(Exception):
+            await delivery.nak(delay=1.0)
+
+
+async def _handle_after(
+    previous: asyncio.Task[None] | None,
+    handle: Callable[[Delivery], Awaitable[None]],
+    delivery: Delivery,
+    limit: asyncio.Semaphore,
+) -> None:
+    """Handle a delivery once the one before it on its subject is done."""
+    try:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await _handle_one(handle, delivery)
+    finally:
+        limit.release()

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from pydantic import Field
 
 from grove_core import metrics
 from grove_core.config import load_config
-from grove_core.log import ConcurrencyConflict, EventLog, Recorded
+from grove_core.log import Append, ConcurrencyConflict, EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
@@ -63,6 +64,17 @@ class GovernorSettings(ServiceSettings):
     tick_interval: float = Field(default=0.25, gt=0, description="Seconds between clock checks.")
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The appends of one decision: `first`, then `then` if `first` was not a lost race."""
+
+    agent_id: str
+    first: Append
+    then: Append | None = None
+    #: The spawn outcome `first` counts as in the metrics.
+    counted: str | None = None
+
+
 class Governor:
     """Admits, queues or rejects spawns under the limits, and stops agents over them."""
 
@@ -79,6 +91,7 @@ class Governor:
         self.grace_s = grace_s
         self.in_flight: dict[str, InFlight] = {}
         self._acting = asyncio.Lock()
+        self._wake = asyncio.Event()
         self.runner: ProjectionRunner[GovernorState] = ProjectionRunner(
             name=NAME,
             log=event_log,
@@ -98,7 +111,16 @@ class Governor:
         if recorded.event.type in ("status", "terminate"):
             self.in_flight.pop(recorded.event.agent_id, None)
         if live:
-            await self.act()
+            self._wake.set()
+
+    async def react(self) -> None:
+        """Act whenever live events arrive, without holding up the fold: events that arrive
+        while a round of decisions is being appended are decided together in the next one."""
+        await self.runner.caught_up.wait()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.act(check_limits=False)
 
     async def tick(self, interval: float) -> None:
         """Act on the clock: queued admissions and runtime limits need time to pass."""
@@ -107,26 +129,43 @@ class Governor:
             await asyncio.sleep(interval)
             await self.act()
 
-    async def act(self) -> None:
-        """Append whatever the state calls for now."""
+    async def act(self, *, check_limits: bool = True) -> None:
+        """Append whatever the state calls for now, all decisions of a round pipelined.
+
+        Runtime and token limits are checked on the clock (`check_limits`), not for every event.
+        """
         async with self._acting:
-            decisions = decide(self.state, self.limits, time.time(), self.in_flight, self.grace_s)
+            decisions = decide(
+                self.state,
+                self.limits,
+                time.time(),
+                self.in_flight,
+                self.grace_s,
+                check_limits=check_limits,
+            )
             for decision in decisions:
                 slot = self.state.agents[decision.agent_id]
                 self.in_flight[decision.agent_id] = InFlight(
                     slot.status_seq, slot.terminate_seq, isinstance(decision, Admit)
                 )
-            for decision in decisions:
-                try:
-                    await self._append(decision)
-                except ConcurrencyConflict:
-                    log.info("decision for %s already taken elsewhere", decision.agent_id)
+            plans = [self._plan(decision) for decision in decisions]
+            firsts = await self.log.append_batch([plan.first for plan in plans])
+            then = []
+            for plan, outcome in zip(plans, firsts, strict=True):
+                if isinstance(outcome, ConcurrencyConflict):
+                    log.info("decision for %s already taken elsewhere", plan.agent_id)
+                    continue
+                if plan.counted is not None:
+                    metrics.SPAWNS.labels(plan.counted).inc()
+                if plan.then is not None:
+                    then.append(plan.then)
+            for append, outcome in zip(then, await self.log.append_batch(then), strict=True):
+                if isinstance(outcome, ConcurrencyConflict):
+                    log.info("%s already terminated", append.event.agent_id)
             self._update_gauges()
 
     def _update_gauges(self) -> None:
-        counts: dict[str, int] = {}
-        for slot in self.state.agents.values():
-            counts[slot.phase] = counts.get(slot.phase, 0) + 1
+        counts = self.state.phases
         for phase in ("pending", "queued", "admitted", "running", "ended"):
             metrics.AGENTS.labels(NAME, phase).set(counts.get(phase, 0))
         metrics.QUEUE_DEPTH.set(counts.get("queued", 0) + counts.get("pending", 0))
@@ -144,19 +183,26 @@ class Governor:
             payload=StatusPayload(summary=summary, details=details),
         )
 
-    async def _append(self, decision: Decision) -> None:
-        slot = self.state.agents.get(decision.agent_id)
-        if slot is None:
-            return
-        status_subject = subject_for("status", slot.agent_id)
+    def _guarded_status(
+        self, slot: AgentSlot, expect: int, status_type: str, summary: str, **details: Any
+    ) -> Append:
+        return Append(
+            self._status(slot, status_type, summary, **details),
+            expect_last_seq=expect,
+            expect_subject=subject_for("status", slot.agent_id),
+        )
+
+    def _plan(self, decision: Decision) -> Plan:
+        slot = self.state.agents[decision.agent_id]
         match decision:
-            case Admit(start=start, message=message):
+            case Admit(start=start, message=message, expect_status_seq=seq):
                 parent = self.state.agents.get(slot.parent) if slot.parent else None
                 parent_rate = effective_parent_limits(
                     self.state, self.limits, parent
                 ).max_spawn_rate
-                event = self._status(
+                admitted = self._guarded_status(
                     slot,
+                    seq,
                     "admitted",
                     f"admitted ({start})",
                     start=start,
@@ -164,58 +210,46 @@ class Governor:
                     global_rate=self.limits.global_.max_spawn_rate,
                     parent_rate=parent_rate,
                 )
-                await self.log.append(
-                    event, expect_last_seq=decision.expect_status_seq, expect_subject=status_subject
+                return Plan(slot.agent_id, admitted, counted="admitted")
+            case Queue(why=why, expect_status_seq=seq):
+                return Plan(
+                    slot.agent_id, self._guarded_status(slot, seq, "queued", why), counted="queued"
                 )
-                metrics.SPAWNS.labels("admitted").inc()
-            case Queue(why=why):
-                await self.log.append(
-                    self._status(slot, "queued", why),
-                    expect_last_seq=decision.expect_status_seq,
-                    expect_subject=status_subject,
+            case Reject(error=error, expect_status_seq=seq):
+                return Plan(
+                    slot.agent_id,
+                    self._guarded_status(slot, seq, "rejected", error),
+                    then=self._terminate(slot, "rejected", error, slot.terminate_seq),
+                    counted="rejected",
                 )
-                metrics.SPAWNS.labels("queued").inc()
-            case Reject(error=error):
-                await self.log.append(
-                    self._status(slot, "rejected", error),
-                    expect_last_seq=decision.expect_status_seq,
-                    expect_subject=status_subject,
+            case Cancel(why=why, expect_status_seq=seq):
+                return Plan(
+                    slot.agent_id,
+                    self._guarded_status(slot, seq, "stopped", why),
+                    then=self._terminate(slot, "cancelled", why, slot.terminate_seq),
                 )
-                metrics.SPAWNS.labels("rejected").inc()
-                await self._terminate(slot, "rejected", error, slot.terminate_seq)
-            case Cancel(why=why):
-                await self.log.append(
-                    self._status(slot, "stopped", why),
-                    expect_last_seq=decision.expect_status_seq,
-                    expect_subject=status_subject,
-                )
-                await self._terminate(slot, "cancelled", why, slot.terminate_seq)
             case Finish(reason=reason, error=error, expect_terminate_seq=seq):
-                await self._terminate(slot, reason, error, seq)
+                return Plan(slot.agent_id, self._terminate(slot, reason, error, seq))
             case Notice(why=why):
-                await self.log.append(
-                    self._status(slot, "timeout_notice", why, grace_s=self.grace_s)
-                )
+                notice = self._status(slot, "timeout_notice", why, grace_s=self.grace_s)
+                return Plan(slot.agent_id, Append(notice))
             case TimeOut(why=why, expect_terminate_seq=seq):
-                await self._terminate(slot, "timeout", why, seq)
+                return Plan(slot.agent_id, self._terminate(slot, "timeout", why, seq))
 
-    async def _terminate(self, slot: AgentSlot, reason: str, error: str, expect: int) -> None:
-        try:
-            await self.log.append(
-                TerminateEvent(
-                    event_id=new_id(),
-                    agent_id=slot.agent_id,
-                    tree_id=slot.tree_id,
-                    timestamp=datetime.now(UTC),
-                    causation_id=slot.cause,
-                    reason=reason,
-                    error=error,
-                    result=ResultSummary(summary=error),
-                ),
-                expect_last_seq=expect,
-            )
-        except ConcurrencyConflict:
-            log.info("%s already terminated", slot.agent_id)
+    def _terminate(self, slot: AgentSlot, reason: str, error: str, expect: int) -> Append:
+        return Append(
+            TerminateEvent(
+                event_id=new_id(),
+                agent_id=slot.agent_id,
+                tree_id=slot.tree_id,
+                timestamp=datetime.now(UTC),
+                causation_id=slot.cause,
+                reason=reason,
+                error=error,
+                result=ResultSummary(summary=error),
+            ),
+            expect_last_seq=expect,
+        )
 
     async def serve_status(self, msg: Msg) -> None:
         """`grove.rpc.governor.status`: {"agent_id"?} -> the resource status."""
@@ -243,6 +277,7 @@ async def setup(service: Service) -> None:
     service.ready_checks.append(governor.runner.caught_up.is_set)
     service.spawn(governor.runner.run(), "governor-projection")
     service.spawn(governor.tick(settings.tick_interval), "governor-clock")
+    service.spawn(governor.react(), "governor-react")
     await governor.runner.caught_up.wait()
     await service.log.nc.subscribe(STATUS_SUBJECT, cb=governor.serve_status)
 

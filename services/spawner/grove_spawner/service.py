@@ -22,7 +22,6 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self, cast
@@ -80,6 +79,8 @@ DURABLE = "spawner"
 HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
 #: How long one fetch of the durable consumer waits (DurableConsumer.run).
 FETCH_TIMEOUT_S = 1.0
+#: Admissions handled at once (those of one agent still one after the other).
+START_CONCURRENCY = 64
 #: How deep a chain of forks of forks is followed back to its spawn.
 MAX_FORK_DEPTH = 64
 
@@ -232,7 +233,7 @@ class Spawner:
         if not start_allowed(kind, admitted.seq, end_seq):
             log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
             return
-        if await self._started_since(agent_id, end_seq or 0):
+        if await self._started_since(agent_id, end_seq or 0, admitted.seq):
             log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
             return
         agent = await self._instance(status, kind, last_end)
@@ -314,24 +315,19 @@ class Spawner:
         ):
             agent.stop_reason = agent.stop_reason or control.reason or "stopped"
 
-    async def _started_since(self, agent_id: str, after_seq: int) -> bool:
-        """Whether a `started` status of the agent is in the log after `after_seq`."""
-        records = cast(
-            AsyncGenerator[RawRecord, None],
-            self.log.read(
-                after_seq + 1,
-                subjects=subject_for("status", agent_id),
-                follow=True,
-                idle_timeout=2.0,
-            ),
-        )
-        async with contextlib.aclosing(records):
-            async for raw in records:
-                event = _decode(raw)
-                if isinstance(event, StatusEvent) and event.status_type == "started":
-                    return True
-                if raw.pending == 0:
-                    break
+    async def _started_since(self, agent_id: str, after_seq: int, admitted_seq: int) -> bool:
+        """Whether a `started` status of the agent is in the log between its last end and this
+        admission (one after the admission makes the guarded `started` append lose anyway)."""
+        subject = subject_for("status", agent_id)
+        seq = after_seq + 1
+        while seq < admitted_seq:
+            raw = await self.log.get_next(subject, seq)
+            if raw is None or raw.seq >= admitted_seq:
+                return False
+            event = _decode(raw)
+            if isinstance(event, StatusEvent) and event.status_type == "started":
+                return True
+            seq = raw.seq + 1
         return False
 
     async def _origin(self, agent_id: str, depth: int = 0) -> Origin | None:
@@ -735,7 +731,8 @@ async def setup(service: Service) -> None:
     await spawner.runner.caught_up.wait()
     await spawner.consumer.start()
     spawner.consumer_task = service.spawn(
-        spawner.consumer.run(spawner.on_status, service.stop_event), "spawner-consumer"
+        spawner.consumer.run(spawner.on_status, service.stop_event, concurrency=START_CONCURRENCY),
+        "spawner-consumer",
     )
     service.on_stop.append(spawner.shutdown)
 
