@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -195,3 +198,65 @@ async def test_spawning_without_the_spawn_capability_asks_first(
     result = await client.wait(parent, timeout=30)
     assert result.reason == "failed"
     assert "may not use 'spawn'" in (result.error or "")
+
+
+def grove(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `grove ARGS` against the test's server."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GROVE_NATS_URL", "GROVE_DATA_DIR")}
+    return subprocess.run(
+        [sys.executable, "-m", "agentgrove.cli", "--nats-url", url, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("grove: error: ")
+    return lines[0]
+
+
+async def test_the_cli_lists_answers_shows_and_sends(
+    make_stack: StackFactory, client: GroveClient, nats_server: NatsEndpoint
+) -> None:
+    await asyncio.to_thread(make_stack)
+    url = nats_server.url
+    asker = await client.spawn("left or right, from the cli?", agent("asker"))
+    request = await next_request(client, asker)
+    request_id = request["request_id"]
+
+    listed = await asyncio.to_thread(grove, url, "pending", "--tree", asker)
+    assert listed.returncode == 0, listed.stderr
+    assert request_id in listed.stdout
+    assert "left or right, from the cli?" in listed.stdout
+    shown = await asyncio.to_thread(grove, url, "show", asker)
+    assert shown.returncode == 0, shown.stderr
+    assert f"agent {asker}: running" in shown.stdout
+    assert f"open question {request_id}" in shown.stdout
+
+    answered = await asyncio.to_thread(grove, url, "answer", request_id, "right")
+    assert answered.returncode == 0, answered.stderr
+    assert f"answered {request_id} for agent {asker}" in answered.stdout
+    again = await asyncio.to_thread(grove, url, "answer", request_id, "left")
+    assert "already answered" in one_line_error(again)
+    unknown = await asyncio.to_thread(grove, url, "answer", "no-such-request", "left")
+    assert "no HITL request 'no-such-request'" in one_line_error(unknown)
+    assert (await client.wait(asker, timeout=30)).summary == "answer: right"
+
+    reader = await client.spawn("1", agent("reader"))
+    sent = await asyncio.to_thread(
+        grove, url, "send", "from the shell", "--to", reader, "--wait-ack", "30"
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert (await client.wait(reader, timeout=30)).summary == '["from the shell"]'
+    inbox = await asyncio.to_thread(grove, url, "inbox", reader)
+    assert inbox.returncode == 0, inbox.stderr
+    assert "message   from caller" in inbox.stdout
+    assert "via agent:" in inbox.stdout
+    ghost = await asyncio.to_thread(grove, url, "send", "boo", "--to", "ghost")
+    assert "no agent 'ghost'" in one_line_error(ghost)
