@@ -23,12 +23,12 @@ async def reader(ctx: AgentContext) -> str:
 
 async def sleeps_then_drains(ctx: AgentContext) -> str:
     """First instance: waits to be stopped. A resumed instance returns, as a JSON list, the
-    texts of the messages in its inbox, in reading order."""
+    texts of the messages and injections in its inbox, in reading order."""
     if ctx.start != "resume":
         await asyncio.sleep(60)
         return "never stopped"
     items = await ctx.inbox()
-    return json.dumps([item.text for item in items if item.type == "message"])
+    return json.dumps([item.text for item in items if item.type == "message" or item.injected])
 
 
 async def asker(ctx: AgentContext) -> str:

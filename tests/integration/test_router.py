@@ -208,12 +208,19 @@ async def test_ack_ttl_and_priority(make_stack: StackFactory, client: GroveClien
     await client.send("high", to=agent, priority=7)
     acked = await client.send("please ack", to=agent, requires_ack=True, correlation_id="c-1")
     await client.send("middle", to=agent, ttl=300)
+    await client.inject_message(agent, "injected: read first")
     await asyncio.sleep(1.0)  # the short ttl runs out before the agent starts again
     await client.resume(agent)
     ack = await client.routing.wait_ack(acked, timeout=30)
     assert (ack.from_, ack.to, ack.correlation_id) == (agent, "caller", "c-1")
     result = await wait_second_end(client, agent)
-    assert json.loads(result.result.summary) == ["high", "please ack", "middle", "low"]
+    assert json.loads(result.result.summary) == [
+        "injected: read first",
+        "high",
+        "please ack",
+        "middle",
+        "low",
+    ]
 
 
 async def wait_running(client: GroveClient, agent_id: str, timeout: float = 20) -> None:
