@@ -5,6 +5,7 @@ clear errors for unknown and answered requests, permission intersection, approva
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -34,14 +35,12 @@ async def client(nats_server: NatsEndpoint) -> AsyncIterator[GroveClient]:
 
 
 async def next_request(client: GroveClient, tree_id: str, timeout: float = 30) -> dict[str, Any]:
-    """The first open request of a tree, as the caller watching its root sees it (the log)."""
+    """The first request of a tree, as the caller watching its root sees it."""
 
     async def first() -> str:
-        async for item in client.log.events(1, subjects="grove.hitl.*", follow=True):
-            if isinstance(item, Recorded) and isinstance(item.event, HitlEvent):
-                event = item.event
-                if event.action == "request" and event.agent_path[:1] == [tree_id]:
-                    return event.request_id
+        async with contextlib.aclosing(client.routing.requests(tree_id)) as requests:
+            async for event in requests:
+                return event.request_id
         raise AssertionError("the log ended")
 
     request_id = await asyncio.wait_for(first(), timeout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -284,6 +284,20 @@ class Routing:
         )
         await self.log.append(event)
         return event.event_id
+
+    async def requests(
+        self, tree_id: str | None = None, from_seq: int = 1
+    ) -> AsyncGenerator[HitlEvent, None]:
+        """Follow the log's HITL requests (of one tree, or all) from `from_seq`, as a caller
+        watching the root sees them; answered or not (`pending` tells which are open)."""
+        async for item in self.log.events(from_seq, subjects="grove.hitl.*", follow=True):
+            event = getattr(item, "event", None)
+            if (
+                isinstance(event, HitlEvent)
+                and event.action == "request"
+                and (tree_id is None or event.agent_path[:1] == [tree_id])
+            ):
+                yield event
 
     async def wait_ack(self, message_id: str, timeout: float | None = None) -> MessageEvent:
         """The acknowledgement of a message sent with `requires_ack` (TimeoutError after

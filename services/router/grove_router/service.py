@@ -37,7 +37,9 @@ MAX_WAIT_S = 25.0
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
-DELIVERIES = Counter("grove_router_deliveries_total", "Events delivered into agents' inboxes.")
+DELIVERIES = Counter(
+    "grove_router_inbox_wakeups_total", "Inboxes that grew, counted once per event folded."
+)
 REQUESTS = Counter("grove_router_requests_total", "Router queries answered.", ["verb"])
 
 Answer = dict[str, Any]
