@@ -473,8 +473,14 @@ class EventLog:
             pending_bytes_limit=-1,
         )
         try:
+            drained = 0
             while True:
-                if idle_timeout is not None or until_seq is not None:
+                if not queue.empty():
+                    msg = queue.get_nowait()  # a backlog needs no timer per message
+                    drained += 1
+                    if drained % 1000 == 0:
+                        await asyncio.sleep(0)  # let the other tasks run during a long replay
+                elif idle_timeout is not None or until_seq is not None:
                     timeout = idle_timeout if idle_timeout is not None else 10.0
                     try:
                         msg = await asyncio.wait_for(queue.get(), timeout)

@@ -228,7 +228,10 @@ class Spawner:
             log.error("admission of %s names an unknown start %r; ignoring", agent_id, kind)
             return
         kind = cast(StartKind, kind)
-        last_end = await self.log.get_last(subject_for("terminate", agent_id))
+        # Independent reads, in one round trip.
+        last_end, origin = await asyncio.gather(
+            self.log.get_last(subject_for("terminate", agent_id)), self._origin(agent_id)
+        )
         end_seq = None if last_end is None else last_end.seq
         if not start_allowed(kind, admitted.seq, end_seq):
             log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
@@ -236,7 +239,7 @@ class Spawner:
         if await self._started_since(agent_id, end_seq or 0, admitted.seq):
             log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
             return
-        agent = await self._instance(status, kind, last_end)
+        agent = await self._instance(status, kind, last_end, origin)
         if agent is None:
             return
         spawn = agent.spawn
@@ -277,11 +280,14 @@ class Spawner:
         agent.task = asyncio.create_task(self._run(agent), name=f"agent-{agent_id}")
 
     async def _instance(
-        self, status: StatusEvent, kind: StartKind, last_end: RawRecord | None
+        self,
+        status: StatusEvent,
+        kind: StartKind,
+        last_end: RawRecord | None,
+        origin: Origin | None,
     ) -> RunningAgent | None:
         """The instance an admission starts, from the agent's origin and its last end."""
         agent_id = status.agent_id
-        origin = await self._origin(agent_id)
         if origin is None:
             log.error("admitted agent %s has no spawn or fork event; ignoring", agent_id)
             return None
