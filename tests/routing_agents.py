@@ -75,3 +75,20 @@ async def parent_of_limited(ctx: AgentContext) -> str:
     )
     result = await ctx.wait(child, timeout=60)
     return result.summary
+
+
+async def inspector(ctx: AgentContext) -> str:
+    """Returns, as JSON, what the router's queries say about this agent and its tree."""
+    hierarchy = await ctx.get_hierarchy()
+    parent = await ctx.get_agent_summary(ctx.parent) if ctx.parent else None
+    mine = await ctx.get_agent_summary()
+    agents = await ctx.query_index("agents", {"tree_id": ctx.tree_id})
+    return json.dumps(
+        {
+            "path": hierarchy["agent_path"],
+            "root_children": [c["agent_id"] for c in hierarchy["root"]["children"]],
+            "parent_state": parent["state"] if parent else None,
+            "my_state": mine["state"],
+            "tree_agents": sorted(row["agent_id"] for row in agents),
+        }
+    )

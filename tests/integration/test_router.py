@@ -292,3 +292,26 @@ async def test_an_empty_router_database_rebuilds_the_same_inboxes(
 async def test_messages_to_unknown_agents_are_refused(event_log: EventLog) -> None:
     with pytest.raises(LookupError, match="no agent 'ghost'"):
         await GroveClient(event_log).send("boo", to="ghost")
+
+
+async def test_an_agent_queries_the_router_from_its_context(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    root = await client.spawn("60", SLEEPER)
+    await wait_running(client, root)
+    child = await client.spawn(
+        "look around",
+        build_config("python", entrypoint="tests.routing_agents:inspector"),
+        parent=root,
+    )
+    result = await client.wait(child, timeout=30)
+    assert result.reason == "completed", result.error
+    assert json.loads(result.summary) == {
+        "path": [root, child],
+        "root_children": [child],
+        "parent_state": "running",
+        "my_state": "running",
+        "tree_agents": sorted([root, child]),
+    }
+    await client.stop(root)
