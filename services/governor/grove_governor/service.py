@@ -12,11 +12,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.msg import Msg
+from prometheus_client import Counter
 from pydantic import Field
 
 from grove_core import metrics
 from grove_core.config import load_config
-from grove_core.log import Append, ConcurrencyConflict, EventLog, Recorded
+from grove_core.log import Append, ConcurrencyConflict, EventLog, LogError, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
@@ -50,6 +51,11 @@ from grove_governor.domain import (
 )
 
 log = logging.getLogger(__name__)
+
+APPEND_FAILURES = Counter(
+    "grove_governor_append_failures_total",
+    "Rounds of decisions the log refused or did not acknowledge (retried on the next tick).",
+)
 
 NAME = "governor"
 STATUS_SUBJECT = rpc_subject("governor", "status")
@@ -149,7 +155,11 @@ class Governor:
                     slot.status_seq, slot.terminate_seq, isinstance(decision, Admit)
                 )
             plans = [self._plan(decision) for decision in decisions]
-            firsts = await self.log.append_batch([plan.first for plan in plans])
+            try:
+                firsts = await self.log.append_batch([plan.first for plan in plans])
+            except LogError as exc:
+                self._retry_later(decisions, exc)
+                return
             then = []
             for plan, outcome in zip(plans, firsts, strict=True):
                 if isinstance(outcome, ConcurrencyConflict):
@@ -159,10 +169,26 @@ class Governor:
                     metrics.SPAWNS.labels(plan.counted).inc()
                 if plan.then is not None:
                     then.append(plan.then)
-            for append, outcome in zip(then, await self.log.append_batch(then), strict=True):
+            try:
+                thens = await self.log.append_batch(then)
+            except LogError as exc:
+                self._retry_later(decisions, exc)
+                return
+            for append, outcome in zip(then, thens, strict=True):
                 if isinstance(outcome, ConcurrencyConflict):
                     log.info("%s already terminated", append.event.agent_id)
             self._update_gauges()
+
+    def _retry_later(self, decisions: list[Decision], exc: LogError) -> None:
+        """The log refused or did not acknowledge a round: decide again on the next tick.
+
+        Every decision is guarded by the sequence it was decided at, so a round that did land
+        in part is not decided twice: the part that landed wins, the retry loses its guard.
+        """
+        for decision in decisions:
+            self.in_flight.pop(decision.agent_id, None)
+        APPEND_FAILURES.inc()
+        log.warning("could not append %d decisions, retrying: %s", len(decisions), exc)
 
     def _update_gauges(self) -> None:
         counts = self.state.phases
