@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,19 +90,33 @@ class Watch:
                 self.on_end(agent_id)
 
 
-def start_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:
-    """The four services as processes against `nats_url`, limits from CONFIG."""
+def new_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:
+    """The four services against `nats_url`, limits from CONFIG (not started yet)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "grove.yaml"
     config.write_text(CONFIG)
-    stack = Stack(
+    return Stack(
         data_dir,
         nats_url=nats_url,
         spawners=spawners,
         config_file=config,
         extra_env={"PYTHONPATH": str(REPO), "GROVE_LOG_LEVEL": "WARNING"},
     )
-    return stack.start(timeout=120)
+
+
+@contextlib.asynccontextmanager
+async def running_stack(data_dir: Path, nats_url: str, spawners: int) -> AsyncIterator[Stack]:
+    """A started stack, stopped on the way out; also when cancelled while it starts (the
+    start, in a thread, finishes first, so that no service is left behind)."""
+    stack = new_stack(data_dir, nats_url, spawners)
+    starting = asyncio.ensure_future(asyncio.to_thread(stack.start, 120))
+    try:
+        await asyncio.shield(starting)
+        yield stack
+    finally:
+        with contextlib.suppress(Exception):
+            await starting
+        await asyncio.to_thread(stack.stop)
 
 
 def _spawn(config: AgentConfig, task: str = "bench", parent: str | None = None) -> SpawnEvent:

@@ -20,10 +20,12 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,29 +122,28 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
         log = await EventLog.connect(server.url, name="bench")
         await log.ensure_stream()
         note(f"{mode}: starting the stack")
-        stack = await asyncio.to_thread(
-            plane.start_stack, folder / mode / "stack", server.url, spawners
-        )
-        watch = plane.Watch(log)
-        try:
-            await watch.start()
-            note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
-            out["spawn_to_started"] = await plane.spawn_to_started(log, watch, counts.spawn_samples)
-            note(f"{mode}: burst of {counts.burst_agents} agents")
-            out["burst"] = await plane.burst(log, watch, counts.burst_agents, counts.timeout_s)
-            if mode == "default":
-                out["fan_out"] = []
-                for children in counts.fan_out:
-                    note(f"{mode}: fan-out of {children}")
-                    out["fan_out"].append(
-                        await plane.fan_out(log, watch, children, counts.timeout_s)
-                    )
-            pid = server.process.pid if server.process else None
-            out["rss_kib"] = plane.stack_rss(stack, pid)
-        finally:
-            await watch.stop()
-            await asyncio.to_thread(stack.stop)
-            await log.close()
+        async with plane.running_stack(folder / mode / "stack", server.url, spawners) as stack:
+            watch = plane.Watch(log)
+            try:
+                await watch.start()
+                note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
+                out["spawn_to_started"] = await plane.spawn_to_started(
+                    log, watch, counts.spawn_samples
+                )
+                note(f"{mode}: burst of {counts.burst_agents} agents")
+                out["burst"] = await plane.burst(log, watch, counts.burst_agents, counts.timeout_s)
+                if mode == "default":
+                    out["fan_out"] = []
+                    for children in counts.fan_out:
+                        note(f"{mode}: fan-out of {children}")
+                        out["fan_out"].append(
+                            await plane.fan_out(log, watch, children, counts.timeout_s)
+                        )
+                pid = server.process.pid if server.process else None
+                out["rss_kib"] = plane.stack_rss(stack, pid)
+            finally:
+                await watch.stop()
+        await log.close()
     finally:
         server.stop()
     return out
@@ -220,6 +221,15 @@ async def bench(
     return results
 
 
+async def _until_signal(work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run `work`; SIGTERM or SIGINT cancels it, so that it stops what it started."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await task
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
@@ -240,7 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     counts = QUICK if args.quick else FULL
     uvloop.install()
     with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
-        results = asyncio.run(bench(counts, Path(tmp), args.spawners, parts))
+        try:
+            results = asyncio.run(_until_signal(bench(counts, Path(tmp), args.spawners, parts)))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            print("benchmark interrupted; everything it started is stopped", file=sys.stderr)
+            sys.exit(130)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(render(results))

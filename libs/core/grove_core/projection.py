@@ -31,7 +31,9 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
+from sqlalchemy.sql.dml import Insert
 
 from grove_core import metrics
 from grove_core.log import EventLog, Recorded, decode_record, is_deadletter
@@ -104,6 +106,18 @@ def _sqlite_normal_sync(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _upsert_rows(dialect: str) -> Insert | None:
+    """An insert of rows that replaces a row with the same key, where the database has one."""
+    key = [rows_table.c.projection, rows_table.c.key]
+    if dialect == "sqlite":
+        lite = sqlite.insert(rows_table)
+        return lite.on_conflict_do_update(index_elements=key, set_={"data": lite.excluded.data})
+    if dialect == "postgresql":
+        pg = postgresql.insert(rows_table)
+        return pg.on_conflict_do_update(index_elements=key, set_={"data": pg.excluded.data})
+    return None
+
+
 class ProjectionStore:
     """Checkpoint and rows of projections in one SQL database (SQLite by default)."""
 
@@ -116,6 +130,7 @@ class ProjectionStore:
             with self.engine.begin() as conn:
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
         _meta.create_all(self.engine)
+        self._upsert = _upsert_rows(self.engine.dialect.name)
 
     def load(self, projection: str) -> tuple[int, dict[str, dict[str, Any]]]:
         """(checkpoint, rows) of a projection; (0, {}) when it has none."""
@@ -135,21 +150,23 @@ class ProjectionStore:
         """Write changed rows and the checkpoint in one transaction."""
         with self.engine.begin() as conn:
             if changed:
-                keys = list(changed)
-                for start in range(0, len(keys), 500):
-                    conn.execute(
-                        delete(rows_table).where(
-                            rows_table.c.projection == projection,
-                            rows_table.c.key.in_(keys[start : start + 500]),
-                        )
-                    )
                 live = [
                     {"projection": projection, "key": key, "data": row}
                     for key, row in changed.items()
                     if row is not None
                 ]
+                # With an upsert, only removed rows are deleted; without, every changed one.
+                upsert = self._upsert
+                stale = [key for key, row in changed.items() if row is None or upsert is None]
+                for start in range(0, len(stale), 500):
+                    conn.execute(
+                        delete(rows_table).where(
+                            rows_table.c.projection == projection,
+                            rows_table.c.key.in_(stale[start : start + 500]),
+                        )
+                    )
                 if live:
-                    conn.execute(insert(rows_table), live)
+                    conn.execute(insert(rows_table) if upsert is None else upsert, live)
             updated = conn.execute(
                 update(checkpoints).where(checkpoints.c.projection == projection).values(seq=seq)
             )
