@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 
 from grove_events import GlobalLimits, Model, ResourceLimits
 
@@ -17,10 +18,29 @@ class ConfigError(ValueError):
     """The config file is missing, not YAML, or does not match the schema."""
 
 
+class OpenAIEndpoint(Model):
+    """An OpenAI-compatible chat-completions endpoint for the `openai` runtime.
+
+    Unset values fall back to OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL.
+    """
+
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    model: str | None = Field(
+        default=None, description="Used when neither spawn nor profile sets one."
+    )
+    max_iterations: int = Field(default=20, ge=1, description="Model calls per agent instance.")
+
+
 class GroveConfig(Model):
     """Everything the config file may hold."""
 
     resources: ResourceLimits = Field(default_factory=lambda: DEFAULT_LIMITS)
+    profiles: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Subagent profiles, each validated as agentgrove.SubAgentDefinition.",
+    )
+    openai: OpenAIEndpoint = Field(default_factory=OpenAIEndpoint)
 
 
 def load_config(path: Path | None) -> GroveConfig:

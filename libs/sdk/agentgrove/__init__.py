@@ -2,12 +2,15 @@
 
 from agentgrove.client import GroveClient, UnknownAgent, build_config, discover_url
 from agentgrove.context import AgentContext
+from agentgrove.profiles import SubAgentDefinition, SubAgentResult
 from agentgrove.results import AgentResult
 
 __all__ = [
     "AgentContext",
     "AgentResult",
     "GroveClient",
+    "SubAgentDefinition",
+    "SubAgentResult",
     "UnknownAgent",
     "build_config",
     "discover_url",
