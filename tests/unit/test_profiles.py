@@ -155,7 +155,9 @@ def test_explore_finds_terms_with_paths(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "invoice").write_text("invoice")
     (tmp_path / "blob.bin").write_bytes(b"\0invoice")
-    root, rest = workspace_of(f"Where is the invoice total computed?\nworkspace: {tmp_path}", Path())
+    root, rest = workspace_of(
+        f"Where is the invoice total computed?\nworkspace: {tmp_path}", Path()
+    )
     assert root == tmp_path
     terms = search_terms(rest)
     assert terms == ["invoice", "total", "computed"]
