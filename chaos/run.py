@@ -37,8 +37,6 @@ from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
 from grove_core.log import EventLog, LogError, Recorded
 from grove_core.projection import FoldState, ProjectionStore
-from grove_core.tree import TreeState
-from grove_core.tree import evolve as evolve_tree
 from grove_events import (
     AgentConfig,
     ControlEvent,
@@ -50,6 +48,8 @@ from grove_events import (
 )
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as evolve_governor
+from grove_router.domain import RouterState
+from grove_router.domain import evolve as evolve_router
 from grove_spawner.domain import SpawnerState
 from grove_spawner.domain import evolve as evolve_spawner
 
@@ -254,7 +254,7 @@ def projections(stack: Stack) -> list[tuple[str, Path, type[FoldState], Evolve]]
     folder = stack.data_dir
     found: list[tuple[str, Path, type[FoldState], Evolve]] = [
         ("governor", folder / "governor.db", GovernorState, evolve_governor),
-        ("router", folder / "router.db", TreeState, evolve_tree),
+        ("router", folder / "router.db", RouterState, evolve_router),
         ("artifacts", folder / "artifacts.db", ArtifactIndex, evolve_artifacts),
     ]
     for name in stack.services:

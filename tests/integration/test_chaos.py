@@ -1,0 +1,35 @@
+"""The short chaos run CI does: agent trees while services are SIGKILLed and nats-server
+restarts once; every promise must hold at the end (`make chaos` runs the long one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
+    summary_file = tmp_path / "chaos.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos", "--quick", "--dir", str(tmp_path / "run"),
+         "--out", str(summary_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )  # fmt: skip
+    print(result.stdout)
+    summary = json.loads(summary_file.read_text())
+    assert summary["checks"] == dict.fromkeys(summary["checks"], True), result.stdout
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert summary["agents"] >= 250
+    assert sum(summary["kills"].values()) >= 5
+    assert summary["nats_restarts"] == 1

@@ -1,0 +1,87 @@
+"""Exhaustion: a full log and a NATS server gone for a while end in clear errors that tell the
+producer to retry, lose nothing, and the services go on once the resource is back."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import nats.js.errors
+import pytest
+
+from agentgrove.client import GroveClient
+from grove_core.log import EventLog, LogError, stream_config
+from grove_events import GROVE_STREAM
+from tests.conftest import NatsEndpoint, StackFactory
+from tests.integration.test_recovery import ROOMY, python_agent, wait_ended
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+FILLER = b"x" * 1024
+
+
+async def set_max_bytes(log: EventLog, max_bytes: int) -> None:
+    """Change the GROVE stream's size limit, as an operator would."""
+    definition = dataclasses.replace(GROVE_STREAM, max_bytes=max_bytes)
+    await log.js.update_stream(stream_config(definition))
+
+
+async def fill(log: EventLog) -> int:
+    """Fill the stream to its limit with filler records, big then small; returns how many fit."""
+    count = 0
+    for size in (1024, 64, 1):
+        while True:
+            try:
+                await log.js.publish(f"grove.deadletter.filler.{count}", FILLER[:size])
+            except nats.js.errors.APIError:
+                break
+            count += 1
+    return count
+
+
+async def test_a_full_log_refuses_appends_with_a_clear_error_and_loses_nothing(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    stack = await asyncio.to_thread(make_stack, config=ROOMY)
+    client = GroveClient(event_log)
+    await asyncio.to_thread(stack.services["governor"].stop)
+    before_full = await client.spawn("spawned before the log filled up", python_agent("quick"))
+    used = (await event_log.js.stream_info(event_log.stream)).state.bytes
+    await set_max_bytes(event_log, used + 64 * 1024)
+    assert await fill(event_log) > 10
+
+    with pytest.raises(LogError, match="the log is full") as refused:
+        await client.spawn("refused while full", python_agent("quick"))
+    assert "retry" in str(refused.value)
+    await asyncio.to_thread(stack.services["governor"].start)
+    await asyncio.sleep(2)  # the governor tries to admit into a full log meanwhile
+    assert stack.services["governor"].alive, "the governor gave up on a full log"
+
+    await set_max_bytes(event_log, -1)
+    after = await client.spawn("spawned after space came back", python_agent("quick"))
+
+    ended = await wait_ended(event_log, [before_full, after], timeout=60)
+    assert {a: e.reason for a, e in ended.items()} == {
+        before_full: "completed",
+        after: "completed",
+    }
+
+
+async def test_services_wait_out_a_nats_outage_and_go_on(
+    nats_server: NatsEndpoint, make_stack: StackFactory
+) -> None:
+    stack = await asyncio.to_thread(make_stack, config=ROOMY)
+    await asyncio.to_thread(nats_server.kill)
+    await asyncio.sleep(15)
+    assert all(service.alive for service in stack.services.values())
+    await asyncio.to_thread(nats_server.restart)
+
+    log = await EventLog.connect(nats_server.url, name="after-outage")
+    try:
+        client = GroveClient(log)
+        agent = await client.spawn("after the outage", python_agent("quick"))
+        ended = await wait_ended(log, [agent], timeout=60)
+    finally:
+        await log.close()
+    assert ended[agent].reason == "completed"
+    await asyncio.to_thread(stack.wait_ready, 30.0)
