@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, get_args
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from agentgrove.client import GroveClient
+from agentgrove.profiles import (
+    SubAgentDefinition,
+    SubAgentResult,
+    UnknownSubagentType,
+    check_task_arguments,
+    load_profiles,
+    subagent_result,
+)
 from agentgrove.results import AgentResult
 from agentgrove.routing import (
     InboxItem,
@@ -17,7 +28,7 @@ from agentgrove.routing import (
     Routing,
     UnknownRequest,
 )
-from grove_core.log import EventLog
+from grove_core.log import EventLog, LogError
 from grove_events import (
     AgentConfig,
     HitlEvent,
@@ -524,6 +535,61 @@ class AgentContext:
         """Rows of the router's index: `agents`, `hitl` or `subscribers`, matching `filter`."""
         return await self._routing.query(type, filter, limit)
 
+    async def get_resource_status(self) -> dict[str, Any]:
+        """The governor's `get_resource_status`: `global` (agents running, capacity,
+        utilization) and `self` (this agent's children running and limit, runtime, tokens)."""
+        return await self._client.resource_status(self.agent_id)
+
+    # -- delegating to subagent profiles (the `task` tool) -----------------------------------
+
+    #: The profiles `delegate` uses, once read (see `subagent_profiles`).
+    _profiles: dict[str, SubAgentDefinition] | None = None
+
+    def subagent_profiles(self) -> dict[str, SubAgentDefinition]:
+        """The subagent profiles: the built-ins and the config file's `profiles:` (read once,
+        from GROVE_CONFIG_FILE or `grove.yaml` in the data folder)."""
+        if self._profiles is None:
+            self._profiles = load_profiles()
+        return self._profiles
+
+    async def delegate(self, description: str, prompt: str, subagent_type: str) -> SubAgentResult:
+        """The `task` tool: run a child of the profile `subagent_type` on `prompt`, wait for
+        its end and return its report (`description`, 1-120 characters, labels it; `prompt`,
+        1-100,000 characters, is the child's whole brief). Several may run at once
+        (`asyncio.gather`). A child that does not finish gives a result with `stop` whose
+        content begins with a notice that the report is incomplete; stopping this agent while
+        it waits stops the child. Needs the `spawn` capability."""
+        check_task_arguments(description, prompt)
+        profiles = self.subagent_profiles()
+        profile = profiles.get(subagent_type)
+        if profile is None:
+            raise UnknownSubagentType(subagent_type, profiles)
+        await self.pause_point()
+        await self.require_permission("spawn", f"delegate to {subagent_type}: {description}")
+        child = await self._client.spawn(
+            prompt,
+            profile.agent_config(),
+            parent=self.agent_id,
+            tree_id=self.tree_id,
+            causation_id=self._spawn.event_id,
+            initial_context=profile.system_prompt or None,
+        )
+        self.children.append(child)
+        await self.checkpoint(
+            f"task {subagent_type}: {description}", child=child, subagent_type=subagent_type
+        )
+        try:
+            result = await self.wait(child)
+        except asyncio.CancelledError:
+            await self._client.stop(child, f"{self.agent_id} stopped while waiting for it")
+            raise
+        return subagent_result(
+            result,
+            parent_session_id=self.session_id,
+            subagent_type=subagent_type,
+            budget=profile.return_budget,
+        )
+
 
 def _holds(capabilities: tuple[list[str] | None, set[str]], capability: str) -> bool:
     permissions, granted = capabilities
@@ -533,3 +599,288 @@ def _holds(capabilities: tuple[list[str] | None, set[str]], capability: str) -> 
 def _clip(text: str, width: int) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+# -- the control tools, as a model calls them (the `openai` runtime, `grove mcp`) --------------
+
+#: Errors a tool reports back to the model (its arguments or the situation), not crashes.
+TOOL_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,
+    LookupError,
+    PermissionError,
+    TimeoutError,
+    LogError,
+)
+
+
+class ToolArguments(BaseModel):
+    """Arguments of a control tool; unknown ones are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpawnAgentArguments(ToolArguments):
+    task: str = Field(description="What the child is to do: its whole brief.")
+    runtime: Literal["openai", "python", "command", "acp"] = Field(
+        default="openai",
+        description="Where the child runs: 'openai' (a model like you), 'python' (needs "
+        "entrypoint), 'command' or 'acp' (need command).",
+    )
+    entrypoint: str | None = Field(default=None, description="For python: 'module:function'.")
+    command: list[str] | None = Field(default=None, description="For command/acp: the argv.")
+    model: str | None = Field(default=None, description="For openai: the model name.")
+    permissions: list[str] | None = Field(
+        default=None, description="Capabilities for the child (default: yours)."
+    )
+    timeout: float | None = Field(default=None, gt=0, description="Seconds the child may run.")
+    return_budget: int | None = Field(
+        default=None, ge=1, description="Characters of result you get back (default 6000)."
+    )
+
+
+class ForkAgentArguments(ToolArguments):
+    reason: str = Field(description="Why the fork is made; the fork is told.")
+    source: str | None = Field(default=None, description="Agent to fork (default: yourself).")
+    task: str | None = Field(default=None, description="The fork's own task.")
+    initial_message: str | None = Field(default=None, description="The fork's first message.")
+
+
+class TaskArguments(ToolArguments):
+    description: str = Field(description="A short label of the delegated work, 1-120 characters.")
+    prompt: str = Field(description="The subagent's whole brief, up to 100,000 characters.")
+    subagent_type: str = Field(description="The profile to use (see the list above).")
+
+
+class WaitArguments(ToolArguments):
+    agent_id: str = Field(description="The agent to wait for, usually a child.")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds to wait at most.")
+
+
+class StopAgentArguments(ToolArguments):
+    agent_id: str = Field(description="The agent to stop, usually a child.")
+    reason: str = Field(default="stopped by parent", description="Why; kept in the log.")
+
+
+class SendMessageArguments(ToolArguments):
+    content: str = Field(description="The message.")
+    to: str | None = Field(default=None, description="An agent id (or give topic).")
+    topic: str | None = Field(default=None, description="A topic name (or give to).")
+    priority: int = Field(default=0, ge=-10, le=10, description="Higher is read first.")
+
+
+class InjectMessageArguments(ToolArguments):
+    agent_id: str = Field(description="The agent (usually a child) that must read it first.")
+    message: str = Field(description="The message.")
+
+
+class AgentArguments(ToolArguments):
+    agent_id: str | None = Field(default=None, description="The agent (default: yourself).")
+
+
+class NoArguments(ToolArguments):
+    pass
+
+
+class AskHumanArguments(ToolArguments):
+    prompt: str = Field(description="The question for the person in charge.")
+    options: list[str] = Field(default_factory=list, description="Answers to choose from.")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds to wait at most.")
+
+
+class ReadInboxArguments(ToolArguments):
+    wait: float = Field(
+        default=0, ge=0, le=600, description="Seconds to wait for one entry when it is empty."
+    )
+
+
+def _inbox_entry(item: InboxItem) -> dict[str, Any]:
+    return {"type": item.type, "from": item.source, "via": item.via, "text": item.text}
+
+
+async def _spawn_tool(ctx: AgentContext, args: SpawnAgentArguments) -> dict[str, Any]:
+    options = args.model_dump(
+        exclude={"task", "runtime", "entrypoint", "command"}, exclude_none=True
+    )
+    child = await ctx.spawn_agent(
+        args.task, runtime=args.runtime, entrypoint=args.entrypoint, command=args.command, **options
+    )
+    return {"agent_id": child}
+
+
+async def _fork_tool(ctx: AgentContext, args: ForkAgentArguments) -> dict[str, Any]:
+    fork = await ctx.fork_agent(
+        args.reason, source=args.source, task=args.task, initial_message=args.initial_message
+    )
+    return {"agent_id": fork}
+
+
+async def _task_tool(ctx: AgentContext, args: TaskArguments) -> dict[str, Any]:
+    result = await ctx.delegate(args.description, args.prompt, args.subagent_type)
+    return result.model_dump(exclude_none=True)
+
+
+async def _wait_tool(ctx: AgentContext, args: WaitArguments) -> dict[str, Any]:
+    result = await ctx.wait(args.agent_id, args.timeout)
+    return {k: v for k, v in asdict(result).items() if v is not None}
+
+
+async def _stop_tool(ctx: AgentContext, args: StopAgentArguments) -> dict[str, Any]:
+    await ctx.stop_agent(args.agent_id, args.reason)
+    return {"stopping": args.agent_id}
+
+
+async def _send_tool(ctx: AgentContext, args: SendMessageArguments) -> dict[str, Any]:
+    message = await ctx.send_message(
+        args.content, to=args.to, topic=args.topic, priority=args.priority
+    )
+    return {"message_id": message}
+
+
+async def _inject_tool(ctx: AgentContext, args: InjectMessageArguments) -> dict[str, Any]:
+    return {"message_id": await ctx.inject_message(args.agent_id, args.message)}
+
+
+async def _summary_tool(ctx: AgentContext, args: AgentArguments) -> dict[str, Any]:
+    return await ctx.get_agent_summary(args.agent_id)
+
+
+async def _hierarchy_tool(ctx: AgentContext, args: AgentArguments) -> dict[str, Any]:
+    return await ctx.get_hierarchy(args.agent_id)
+
+
+async def _resources_tool(ctx: AgentContext, args: NoArguments) -> dict[str, Any]:
+    return await ctx.get_resource_status()
+
+
+async def _ask_tool(ctx: AgentContext, args: AskHumanArguments) -> dict[str, Any]:
+    return {"answer": await ctx.ask_human(args.prompt, args.options, args.timeout)}
+
+
+async def _inbox_tool(ctx: AgentContext, args: ReadInboxArguments) -> dict[str, Any]:
+    items = await ctx.inbox()
+    if not items and args.wait > 0:
+        try:
+            items = [await ctx.next_message(args.wait)]
+        except TimeoutError:
+            items = []
+    return {"entries": [_inbox_entry(item) for item in items]}
+
+
+@dataclass(frozen=True)
+class ControlTool:
+    """One AgentContext call as a tool a model can call: name, description for a model, the
+    arguments' JSON schema, and the call. Its result is JSON-serialisable."""
+
+    name: str
+    description: str
+    arguments: type[ToolArguments]
+    call: Callable[[AgentContext, Any], Awaitable[dict[str, Any]]]
+
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments."""
+        return self.arguments.model_json_schema()
+
+    async def invoke(self, ctx: AgentContext, arguments: str | dict[str, Any]) -> dict[str, Any]:
+        """Validate the arguments (JSON text or a dict) and run the call; one of TOOL_ERRORS,
+        with a message for the model, when the arguments or the situation do not allow it."""
+        try:
+            if isinstance(arguments, str):
+                args = self.arguments.model_validate_json(arguments or "{}")
+            else:
+                args = self.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise ValueError(f"invalid arguments for {self.name}: {problems}") from None
+        return await self.call(ctx, args)
+
+
+def _task_description(profiles: Mapping[str, SubAgentDefinition]) -> str:
+    listed = "\n".join(f"- {name}: {p.description}" for name, p in sorted(profiles.items()))
+    return (
+        "Delegate a self-contained piece of work to a subagent and wait for its report. The "
+        "subagent starts fresh: it sees only `prompt`, so put everything it needs there. "
+        "Several task calls in one turn run at the same time. The result's `content` is the "
+        "report; when `stop` is present the subagent did not finish and the report is "
+        "incomplete. Available subagent types:\n" + listed
+    )
+
+
+def control_tools(profiles: Mapping[str, SubAgentDefinition]) -> list[ControlTool]:
+    """The control tools every agent sees, the `task` tool listing `profiles`."""
+    return [
+        ControlTool(
+            "spawn_agent",
+            "Start a child agent that works on its own; returns its agent_id at once. Use "
+            "`wait` for its result (or `read_inbox`: its result arrives there), `stop_agent` "
+            "to end it. Prefer `task` for a profile-based delegation you wait for.",
+            SpawnAgentArguments,
+            _spawn_tool,
+        ),
+        ControlTool(
+            "fork_agent",
+            "Fork an agent (default: yourself): a new agent that starts from a copy of the "
+            "conversation so far and goes its own way; returns its agent_id.",
+            ForkAgentArguments,
+            _fork_tool,
+        ),
+        ControlTool("task", _task_description(profiles), TaskArguments, _task_tool),
+        ControlTool(
+            "wait",
+            "Wait until an agent ends; returns its reason (completed, failed, stopped, "
+            "timeout...), summary and error.",
+            WaitArguments,
+            _wait_tool,
+        ),
+        ControlTool(
+            "stop_agent", "Stop an agent, usually a child.", StopAgentArguments, _stop_tool
+        ),
+        ControlTool(
+            "send_message",
+            "Send a message to an agent (`to`) or to a topic; returns its message_id.",
+            SendMessageArguments,
+            _send_tool,
+        ),
+        ControlTool(
+            "inject_message",
+            "Force a message into an agent's (usually a child's) context: it reads it first.",
+            InjectMessageArguments,
+            _inject_tool,
+        ),
+        ControlTool(
+            "read_inbox",
+            "Take what was delivered to you: messages, answers, your children's results and "
+            "end notices. Give `wait` seconds to wait for one when nothing is there.",
+            ReadInboxArguments,
+            _inbox_tool,
+        ),
+        ControlTool(
+            "get_agent_summary",
+            "An agent's state, task, last status, children, pending questions and usage.",
+            AgentArguments,
+            _summary_tool,
+        ),
+        ControlTool(
+            "get_hierarchy",
+            "The agent tree from its root, nested, and the path to the agent.",
+            AgentArguments,
+            _hierarchy_tool,
+        ),
+        ControlTool(
+            "get_resource_status",
+            "System capacity and use (agents running, capacity, utilization) and your own: "
+            "children running and their limit, runtime so far, tokens. Check it before "
+            "spawning many children.",
+            NoArguments,
+            _resources_tool,
+        ),
+        ControlTool(
+            "ask_human",
+            "Ask the person in charge a question and wait for the answer. Only for what you "
+            "cannot decide or find out yourself.",
+            AskHumanArguments,
+            _ask_tool,
+        ),
+    ]

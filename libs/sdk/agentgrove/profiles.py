@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from agentgrove.results import AgentResult
 from grove_core.config import ConfigError, GroveConfig, load_config
 from grove_core.settings import ServiceSettings
 from grove_events import DEFAULT_RETURN_BUDGET, AgentConfig, Model
@@ -127,6 +128,41 @@ class SubAgentResult(Model):
     content: str
     stop: SubAgentStop | None = None
     artifact: str | None = None
+
+
+#: How an incomplete report's notice says why, by the child's end.
+INCOMPLETE_WHY = {
+    "failed": "failed",
+    "stopped": "was stopped",
+    "timeout": "ran out of time",
+    "cancelled": "was cancelled before it started",
+    "rejected": "was not admitted",
+}
+
+
+def subagent_result(
+    result: AgentResult, *, parent_session_id: str, subagent_type: str, budget: int
+) -> SubAgentResult:
+    """A child's end as `task` returns it: its report, or an incomplete one with the notice."""
+    if result.ok:
+        return SubAgentResult(
+            session_id=result.agent_id,
+            parent_session_id=parent_session_id,
+            subagent_type=subagent_type,
+            content=result.summary[:budget],
+            artifact=result.artifact,
+        )
+    body = "\n".join(
+        part for part in (result.error and f"error: {result.error}", result.summary) if part
+    )
+    return SubAgentResult(
+        session_id=result.agent_id,
+        parent_session_id=parent_session_id,
+        subagent_type=subagent_type,
+        content=incomplete_content(INCOMPLETE_WHY.get(result.reason, result.reason), body, budget),
+        stop=SubAgentStop(reason=result.reason, error=result.error),
+        artifact=result.artifact,
+    )
 
 
 class UnknownSubagentType(LookupError):

@@ -1,0 +1,70 @@
+"""Python agents for the tests of the `task` tool, the openai runtime and `grove mcp`, run as
+`tests.task_agents:<function>`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from agentgrove.context import AgentContext
+
+#: How long a rendezvous waits for its sibling before giving up.
+RENDEZVOUS_TIMEOUT_S = 30.0
+
+
+async def delegator(ctx: AgentContext) -> str:
+    """Runs the `task` calls of its task (`[{"description", "prompt", "subagent_type"}...]`)
+    together and returns their results as a JSON list."""
+    calls = json.loads(ctx.task)
+    results = await asyncio.gather(
+        *(ctx.delegate(c["description"], c["prompt"], c["subagent_type"]) for c in calls)
+    )
+    return json.dumps([r.model_dump(exclude_none=True) for r in results])
+
+
+async def validates(ctx: AgentContext) -> str:
+    """Makes `task` calls that must be refused; returns each error as `Type: message`."""
+    errors = []
+    for description, prompt, kind in [
+        ("", "p", "reasoning"),
+        ("d" * 121, "p", "reasoning"),
+        ("d", "", "reasoning"),
+        ("d", "p" * 100_001, "reasoning"),
+        ("d", "p", "astrologer"),
+    ]:
+        try:
+            await ctx.delegate(description, prompt, kind)
+        except (ValueError, LookupError) as exc:
+            errors.append(f"{exc.__class__.__name__}: {exc}")
+    return json.dumps(errors)
+
+
+async def rendezvous(ctx: AgentContext) -> str:
+    """Leaves its mark in the folder of its task and waits until two marks are there: it ends
+    only when a sibling runs at the same time."""
+    folder = Path(ctx.task.strip())
+    await asyncio.to_thread((folder / ctx.agent_id).write_text, str(time.time()))
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+    while (marks := await asyncio.to_thread(_count, folder)) < 2:
+        if time.monotonic() > deadline:
+            raise TimeoutError("no sibling ran at the same time")
+        await asyncio.sleep(0.05)
+    return f"met {marks - 1} sibling"
+
+
+def _count(folder: Path) -> int:
+    return len(list(folder.iterdir()))
+
+
+async def echo(ctx: AgentContext) -> str:
+    """Returns its task."""
+    return ctx.task
+
+
+async def waits_to_be_stopped(ctx: AgentContext) -> str:
+    """Says it is working, then waits until it is stopped."""
+    await ctx.checkpoint("working on it")
+    await asyncio.sleep(120)
+    return "never"
