@@ -15,9 +15,11 @@ from grove_events import GROVE_STREAM
 from tests.conftest import NatsEndpoint, StackFactory
 from tests.integration.test_recovery import ROOMY, python_agent, wait_ended
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 FILLER = b"x" * 1024
+#: How long nats-server stays away.
+OUTAGE_S = 60
 
 
 async def set_max_bytes(log: EventLog, max_bytes: int) -> None:
@@ -72,7 +74,7 @@ async def test_services_wait_out_a_nats_outage_and_go_on(
 ) -> None:
     stack = await asyncio.to_thread(make_stack, config=ROOMY)
     await asyncio.to_thread(nats_server.kill)
-    await asyncio.sleep(15)
+    await asyncio.sleep(OUTAGE_S)
     assert all(service.alive for service in stack.services.values())
     await asyncio.to_thread(nats_server.restart)
 
