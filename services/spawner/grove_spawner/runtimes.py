@@ -271,4 +271,11 @@ async def _end_process(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-RUNTIMES: dict[str, Runtime] = {"python": PythonRuntime(), "command": CommandRuntime()}
+# The runtimes in their own modules build on the classes above, so they come in last.
+from grove_spawner.openai_runtime import OpenAIRuntime  # noqa: E402
+
+RUNTIMES: dict[str, Runtime] = {
+    "python": PythonRuntime(),
+    "command": CommandRuntime(),
+    "openai": OpenAIRuntime(),
+}
