@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint schemas check-schemas install clean up bench
+.PHONY: run test lint schemas check-schemas asyncapi check-asyncapi install clean up bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ up: $(STAMP) ## start the local stack in the foreground (Ctrl-C stops it)
 test: $(STAMP) ## lint, check generated files, run the whole suite
 	$(MAKE) lint
 	$(MAKE) check-schemas
+	$(MAKE) check-asyncapi
 	$(BIN)/pytest
 
 lint: $(STAMP) ## ruff and mypy --strict
@@ -38,6 +39,20 @@ check-schemas: $(STAMP) ## fail when docs/schemas is stale
 
 bench: $(STAMP) ## measure the control plane against raw NATS (writes bench/results.json)
 	$(BIN)/python -m bench
+
+SERVICES := governor spawner router
+
+asyncapi: $(STAMP) ## write docs/asyncapi/<service>.json from the services' contracts
+	@for s in $(SERVICES); do \
+		$(BIN)/faststream docs gen grove_$$s.contract:app --out docs/asyncapi/$$s.json >/dev/null || exit 1; \
+	done; echo "docs/asyncapi written"
+
+check-asyncapi: $(STAMP) ## fail when docs/asyncapi is stale
+	@tmp=$$(mktemp -d); for s in $(SERVICES); do \
+		$(BIN)/faststream docs gen grove_$$s.contract:app --out $$tmp/$$s.json >/dev/null || exit 1; \
+		cmp -s $$tmp/$$s.json docs/asyncapi/$$s.json || { \
+			echo "docs/asyncapi/$$s.json is stale: run make asyncapi"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "docs/asyncapi is fresh"
 
 clean:
 	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache
