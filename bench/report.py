@@ -195,7 +195,15 @@ def render(results: dict[str, Any]) -> str:
         parts.append(f"\nscale: agents tracked ({memory['method']})")
         parts.append(
             _table(
-                ["agents", "state", "fold events/s", "bytes/agent", "MiB", "decide ms"],
+                [
+                    "agents",
+                    "state",
+                    "fold events/s",
+                    "bytes/agent",
+                    "MiB",
+                    "decide ms (clock)",
+                    "(event)",
+                ],
                 [
                     [
                         _num(row["agents"]),
@@ -204,6 +212,7 @@ def render(results: dict[str, Any]) -> str:
                         _num(row[state]["bytes_per_agent"]),
                         _num(row[state]["total_mib"]),
                         _num(row[state].get("decide_ms")),
+                        _num(row[state].get("decide_on_event_ms")),
                     ]
                     for row in memory["tracked"]
                     for state in ("governor", "router")
