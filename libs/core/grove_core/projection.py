@@ -215,6 +215,8 @@ class ProjectionRunner(Generic[S]):
         self.caught_up = asyncio.Event()
         self.applied_seq = 0
         self.flushed_seq = 0
+        #: Messages in the log after the last one applied, as the consumer last reported.
+        self.lag = 0
         self.state: S = state_type.from_rows({})
         self._applied_metric = metrics.EVENTS_APPLIED.labels(name)
 
@@ -232,6 +234,7 @@ class ProjectionRunner(Generic[S]):
         self.store.save(self.name, self.applied_seq, self.state.take_dirty())
         self.flushed_seq = self.applied_seq
         metrics.PROJECTION_SEQ.labels(self.name).set(self.applied_seq)
+        metrics.PROJECTION_LAG.labels(self.name).set(self.lag)
 
     async def run(self) -> None:
         """Replay from checkpoint + 1, then follow the log until cancelled (flushing then)."""
@@ -256,6 +259,7 @@ class ProjectionRunner(Generic[S]):
                         if self.after_event is not None:
                             await self.after_event(recorded, live)
                 self.applied_seq = raw.seq
+                self.lag = raw.pending
                 if not live and raw.pending == 0:
                     await self._mark_caught_up(started)
                 if self.applied_seq - self.flushed_seq >= self.batch_size:

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from nats.aio.msg import Msg
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
@@ -41,6 +41,7 @@ DELIVERIES = Counter(
     "grove_router_inbox_wakeups_total", "Inboxes that grew, counted once per event folded."
 )
 REQUESTS = Counter("grove_router_requests_total", "Router queries answered.", ["verb"])
+HITL_PENDING = Gauge("grove_hitl_pending", "Questions for a human not answered yet.")
 
 Answer = dict[str, Any]
 
@@ -82,6 +83,7 @@ class Router:
             state_type=RouterState,
             evolve=evolve,
             after_event=self._after_event,
+            on_caught_up=self._count_pending,
         )
         self.seen_seq = 0
         self._inbox_waiters: dict[str, asyncio.Event] = {}
@@ -102,8 +104,13 @@ class Router:
         """The current fold."""
         return self.runner.state
 
+    async def _count_pending(self) -> None:
+        HITL_PENDING.set(len(self.state.pending_requests()))
+
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
         self.seen_seq = recorded.seq
+        if recorded.event.type == "hitl":
+            await self._count_pending()
         for agent_id in self.state.woken:
             DELIVERIES.inc()
             waiter = self._inbox_waiters.pop(agent_id, None)
