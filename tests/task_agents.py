@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.types import TextContent
 
 from agentgrove.context import AgentContext
 
@@ -68,3 +74,51 @@ async def waits_to_be_stopped(ctx: AgentContext) -> str:
     await ctx.checkpoint("working on it")
     await asyncio.sleep(120)
     return "never"
+
+
+def grove_mcp_server(env: dict[str, str], *extra: str) -> StdioServerParameters:
+    """`grove mcp` as a stdio server process, with `env` (stdio children get a trimmed one)."""
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "agentgrove.cli", "mcp", *extra], env=env
+    )
+
+
+async def mcp_tool(session: ClientSession, name: str, arguments: dict[str, Any]) -> Any:
+    """Call a tool; its JSON result, or `{"error": text}` when the server says it failed."""
+    result = await session.call_tool(name, arguments)
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    return {"error": block.text} if result.is_error else json.loads(block.text)
+
+
+async def command_agent_over_mcp() -> dict[str, Any]:
+    """What a CLI agent does with `grove mcp`: run it as itself (its environment, as the
+    command runtime gives it), spawn a child through it and wait for the child."""
+    env = dict(os.environ)
+    async with (
+        stdio_client(grove_mcp_server(env)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        child = await mcp_tool(
+            session,
+            "spawn_agent",
+            {
+                "task": "hello from a command agent",
+                "runtime": "python",
+                "entrypoint": f"{__name__}:echo",
+            },
+        )
+        ended = await mcp_tool(session, "wait", {"agent_id": child["agent_id"], "timeout": 60})
+    return {
+        "me": env.get("GROVE_AGENT_ID"),
+        "tree": env.get("GROVE_TREE_ID"),
+        "nats_url_given": bool(env.get("GROVE_NATS_URL")),
+        "child": child["agent_id"],
+        "child_said": ended["summary"],
+    }
+
+
+def command_agent_main() -> None:
+    """The entry point of the command agent above: prints its findings as JSON."""
+    print(json.dumps(asyncio.run(command_agent_over_mcp())))
