@@ -143,3 +143,24 @@ async def test_grove_mcp_refuses_an_unknown_agent(stack: Stack) -> None:
     assert process.returncode == 1
     assert out == b""
     assert err.decode().startswith("grove: error: no agent 'nobody' in the log")
+
+
+async def test_under_auth_a_command_agent_connects_with_the_spawners_credentials(
+    tmp_path: Path,
+) -> None:
+    secured = Stack(tmp_path / "secured", auth=True, extra_env={"PYTHONPATH": str(ROOT)}).start()
+    try:
+        async with await GroveClient.connect(secured.caller_url) as grove:
+            command = [
+                sys.executable,
+                "-c",
+                "from tests.task_agents import command_agent_main; command_agent_main()",
+            ]
+            agent = await grove.spawn("use grove mcp", build_config("command", command=command))
+            result = await grove.wait(agent, timeout=60)
+            assert result.reason == "completed", result.error
+            seen = json.loads(result.summary)
+            assert seen["child_said"] == "hello from a command agent"
+            assert (await spawn_of(grove, seen["child"])).parent == agent
+    finally:
+        secured.stop()
