@@ -11,6 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from acp import (
+    InitializeResponse,
+    NewSessionResponse,
+    PromptResponse,
+    plan_entry,
+    run_agent,
+    start_tool_call,
+    update_agent_message_text,
+    update_plan,
+)
+from acp.schema import PermissionOption, ToolCallUpdate, Usage
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import TextContent
 
@@ -122,3 +133,59 @@ async def command_agent_over_mcp() -> dict[str, Any]:
 def command_agent_main() -> None:
     """The entry point of the command agent above: prints its findings as JSON."""
     print(json.dumps(asyncio.run(command_agent_over_mcp())))
+
+
+class ScriptedAcpAgent:
+    """An ACP agent for the acp runtime's tests. Its prompt says what to do: it always sends
+    a plan and a tool call; with `ask` it asks permission to delete the cache; with `hang` it
+    waits until cancelled and leaves a mark in the file named by GROVE_TEST_MARK."""
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.cancelled = asyncio.Event()
+
+    def on_connect(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def initialize(self, protocol_version: int, **kwargs: Any) -> InitializeResponse:
+        return InitializeResponse(protocol_version=protocol_version)
+
+    async def new_session(self, cwd: str, **kwargs: Any) -> NewSessionResponse:
+        return NewSessionResponse(session_id=f"acp-{os.getpid()}")
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        text = " ".join(getattr(block, "text", "") for block in prompt)
+        await self.conn.session_update(session_id, update_plan([plan_entry("read the brief")]))
+        await self.conn.session_update(
+            session_id, start_tool_call("t1", "look around", kind="read")
+        )
+        said = "no question"
+        if "ask" in text:
+            options = [
+                PermissionOption(option_id="go", name="allow", kind="allow_once"),
+                PermissionOption(option_id="stop", name="reject", kind="reject_once"),
+            ]
+            response = await self.conn.request_permission(
+                session_id, ToolCallUpdate(tool_call_id="t2", title="delete the cache"), options
+            )
+            outcome = response.outcome
+            said = getattr(outcome, "option_id", None) or outcome.outcome
+        if "hang" in text:
+            await self.cancelled.wait()
+            mark = os.environ["GROVE_TEST_MARK"]
+            await asyncio.to_thread(Path(mark).write_text, "cancelled")
+            return PromptResponse(stop_reason="cancelled")
+        await self.conn.session_update(
+            session_id, update_agent_message_text(f"did: {text}; permission: {said}")
+        )
+        return PromptResponse(
+            stop_reason="end_turn", usage=Usage(total_tokens=50, input_tokens=30, output_tokens=20)
+        )
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        self.cancelled.set()
+
+
+def acp_agent_main() -> None:
+    """Run the scripted ACP agent on stdin/stdout."""
+    asyncio.run(run_agent(ScriptedAcpAgent()))

@@ -271,11 +271,27 @@ async def _end_process(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-# The runtimes in their own modules build on the classes above, so they come in last.
-from grove_spawner.openai_runtime import OpenAIRuntime  # noqa: E402
+#: Every runtime by name; made at first use (see `__getattr__`).
+RUNTIMES: dict[str, Runtime]
 
-RUNTIMES: dict[str, Runtime] = {
-    "python": PythonRuntime(),
-    "command": CommandRuntime(),
-    "openai": OpenAIRuntime(),
-}
+
+def _registry() -> dict[str, Runtime]:
+    # The openai and acp runtimes are modules of their own that build on the classes above;
+    # importing them only once this module is complete lets any of them be imported first.
+    from grove_spawner.acp_runtime import AcpRuntime  # noqa: PLC0415
+    from grove_spawner.openai_runtime import OpenAIRuntime  # noqa: PLC0415
+
+    return {
+        "python": PythonRuntime(),
+        "command": CommandRuntime(),
+        "openai": OpenAIRuntime(),
+        "acp": AcpRuntime(),
+    }
+
+
+def __getattr__(name: str) -> dict[str, Runtime]:
+    """`RUNTIMES`, made the first time it is asked for."""
+    if name != "RUNTIMES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    runtimes = globals()["RUNTIMES"] = _registry()
+    return runtimes
