@@ -32,6 +32,19 @@ class OpenAIEndpoint(Model):
     max_iterations: int = Field(default=20, ge=1, description="Model calls per agent instance.")
 
 
+class ArtifactLimits(Model):
+    """Size limits of the artifact-store, in bytes."""
+
+    max_artifact_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, description="Largest single artifact."
+    )
+    max_tree_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=1,
+        description="Bytes of live artifacts one tree may hold (each artifact counted whole).",
+    )
+
+
 class GroveConfig(Model):
     """Everything the config file may hold."""
 
@@ -41,6 +54,7 @@ class GroveConfig(Model):
         description="Subagent profiles, each validated as agentgrove.SubAgentDefinition.",
     )
     openai: OpenAIEndpoint = Field(default_factory=OpenAIEndpoint)
+    artifacts: ArtifactLimits = Field(default_factory=ArtifactLimits)
 
 
 def load_config(path: Path | None) -> GroveConfig:

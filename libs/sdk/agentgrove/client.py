@@ -11,6 +11,7 @@ from typing import Any
 
 import nats.errors
 
+from agentgrove.artifacts import Artifacts
 from agentgrove.results import AgentResult
 from agentgrove.routing import Routing
 from grove_core.log import EventLog, LogError
@@ -100,6 +101,8 @@ class GroveClient:
         self.identity = identity
         #: Messages, inboxes, HITL questions and answers, and the router's queries.
         self.routing = Routing(log, identity=identity)
+        #: Artifacts of any tree, as a caller that is no agent (`Artifacts.put` needs an agent).
+        self.artifacts = Artifacts(log)
 
     @classmethod
     async def connect(cls, url: str | None = None, **options: Any) -> GroveClient:

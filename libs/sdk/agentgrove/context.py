@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentgrove.artifacts import Artifact, Artifacts
 from agentgrove.client import GroveClient
 from agentgrove.profiles import (
     SubAgentDefinition,
@@ -147,6 +148,7 @@ class AgentContext:
         self.children: list[str] = []
         self._routing = Routing(log, identity=spawn.agent_id)
         self._inbox = InboxReader(self._routing, spawn.agent_id)
+        self._artifacts = Artifacts(log, agent_id=spawn.agent_id)
         #: Capabilities as the router last said: the effective set (None: all), and grants.
         self._capabilities: tuple[list[str] | None, set[str]] | None = None
 
@@ -539,6 +541,25 @@ class AgentContext:
         """The governor's `get_resource_status`: `global` (agents running, capacity,
         utilization) and `self` (this agent's children running and limit, runtime, tokens)."""
         return await self._client.resource_status(self.agent_id)
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    async def put_artifact(
+        self, data: bytes | str, name: str, media_type: str | None = None
+    ) -> Artifact:
+        """Store `data` as an artifact of this agent (text as UTF-8 `text/plain`); its
+        `artifact_id` is the handle to pass on. Any agent of this tree can read it."""
+        await self.pause_point()
+        return await self._artifacts.put(data, name=name, media_type=media_type)
+
+    async def get_artifact(self, artifact_id: str) -> bytes:
+        """The bytes of an artifact of this agent's tree (a child's result handle, say); an
+        artifact of another tree is refused."""
+        return await self._artifacts.get(artifact_id)
+
+    async def list_artifacts(self, owner: str | None = None) -> list[Artifact]:
+        """The live artifacts of this agent's tree, oldest first (`owner`: one agent's)."""
+        return await self._artifacts.list(owner=owner)
 
     # -- delegating to subagent profiles (the `task` tool) -----------------------------------
 

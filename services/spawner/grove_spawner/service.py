@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field, model_validator
 
+from agentgrove.artifacts import ArtifactError, store_result
 from agentgrove.context import AgentContext, StartKind
 from grove_core import metrics
 from grove_core.log import (
@@ -515,6 +516,9 @@ class Spawner:
     ) -> None:
         spawn = agent.spawn
         text, truncated = cut_to_budget(summary, spawn.config.return_budget)
+        artifact_id = None
+        if truncated:
+            artifact_id, error = await self._store_result(agent, summary, error)
         runtime_s = time.monotonic() - agent.started_at if agent.started_at else 0.0
         try:
             await self.log.append(
@@ -526,7 +530,7 @@ class Spawner:
                     timestamp=datetime.now(UTC),
                     causation_id=spawn.event_id,
                     reason=reason,
-                    result=ResultSummary(summary=text, truncated=truncated),
+                    result=ResultSummary(summary=text, artifact=artifact_id, truncated=truncated),
                     error=error,
                     usage=Usage(tokens=tokens, runtime_s=round(runtime_s, 6)),
                 ),
@@ -534,6 +538,26 @@ class Spawner:
             )
         except ConcurrencyConflict:
             log.info("%s was already terminated", spawn.agent_id)
+
+    async def _store_result(
+        self, agent: RunningAgent, result: str, error: str | None
+    ) -> tuple[str | None, str | None]:
+        """The return contract: a result over the budget is stored whole as an artifact of the
+        agent (through the artifact-store), and the terminate carries its handle. When the
+        store refuses or stays silent, the agent still ends, with a note in `error`."""
+        agent_id = agent.spawn.agent_id
+        try:
+            artifact = await store_result(
+                self.log, agent_id, result, after_seq=agent.started_seq or None
+            )
+        except ArtifactError as exc:
+            log.warning("%s: full result not stored: %s", agent_id, exc)
+            note = (
+                f"the full result ({len(result)} characters) could not be stored as an "
+                f"artifact ({exc}); the summary is cut to the return budget"
+            )
+            return None, note if error is None else f"{error}; {note}"
+        return artifact.artifact_id, error
 
     # -- live reactions ----------------------------------------------------------------------
 
