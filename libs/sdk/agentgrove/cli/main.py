@@ -22,7 +22,7 @@ import nats.errors
 import nats.js.errors
 from pydantic import ValidationError
 
-from agentgrove.cli import control, debug, mcp, routing
+from agentgrove.cli import artifacts, control, debug, mcp, routing
 from agentgrove.cli.common import (
     ALL_SUBJECTS,
     CliError,
@@ -507,6 +507,7 @@ def build_parser() -> Parser:
     control.add_commands(commands, common)
     debug.add_commands(commands, common)
     routing.add_commands(commands, common)
+    artifacts.add_commands(commands, common)
     mcp.add_commands(commands, common)
     return parser
 

@@ -1,0 +1,305 @@
+"""The artifact-store against a real nats-server: dedup, scoping, limits, delete, large
+artifacts, a rebuild from the log, the CLI, and the return contract on a running stack."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from agentgrove import GroveClient, build_config
+from agentgrove.artifacts import ArtifactError, Artifacts
+from grove_artifacts.blobs import BlobStore
+from grove_artifacts.service import ArtifactStore
+from grove_core.config import ArtifactLimits
+from grove_core.log import EventLog
+from grove_core.projection import ProjectionStore
+from grove_events import ForkEvent, SpawnEvent, new_id
+from tests.conftest import NatsEndpoint, StackFactory
+
+pytestmark = pytest.mark.integration
+
+COMMAND = build_config("command", command=["true"])
+
+
+class RunningStore:
+    """An artifact-store in this process, on its own connection (as its own process would be)."""
+
+    def __init__(self, url: str, folder: Path, limits: ArtifactLimits) -> None:
+        self.url = url
+        self.folder = folder
+        self.limits = limits
+        self.log: EventLog | None = None
+        self.store: ArtifactStore | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> ArtifactStore:
+        self.log = await EventLog.connect(self.url, name="artifacts-under-test")
+        staging = self.folder / "uploads"
+        staging.mkdir(parents=True, exist_ok=True)
+        blobs = await BlobStore.open(self.log.js)
+        database = ProjectionStore(f"sqlite:///{self.folder / 'artifacts.db'}")
+        self.store = ArtifactStore(self.log, database, blobs, self.limits, staging)
+        self.task = asyncio.create_task(self.store.runner.run())
+        await asyncio.wait_for(self.store.runner.caught_up.wait(), 20)
+        await self.store.sweep()
+        await self.store.subscribe()
+        return self.store
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        if self.store is not None:
+            self.store.runner.store.close()
+        if self.log is not None:
+            await self.log.close()
+
+
+StartStore = Callable[..., Awaitable[RunningStore]]
+
+
+@pytest.fixture
+async def start_store(
+    nats_server: NatsEndpoint, event_log: EventLog, tmp_path: Path
+) -> AsyncIterator[StartStore]:
+    running: list[RunningStore] = []
+
+    async def start(**limits: int) -> RunningStore:
+        store = RunningStore(nats_server.url, tmp_path / "artifacts", ArtifactLimits(**limits))
+        running.append(store)
+        await store.start()
+        return store
+
+    try:
+        yield start
+    finally:
+        for store in running:
+            await store.stop()
+
+
+async def spawn(log: EventLog, agent_id: str, parent: str | None = None) -> int:
+    appended = await log.append(
+        SpawnEvent(event_id=new_id(), agent_id=agent_id, parent=parent, task="t", config=COMMAND)
+    )
+    return appended.seq
+
+
+async def fork(log: EventLog, agent_id: str, source: str) -> int:
+    appended = await log.append(
+        ForkEvent(event_id=new_id(), agent_id=agent_id, source_agent=source, reason="try")
+    )
+    return appended.seq
+
+
+async def test_two_puts_of_the_same_bytes_are_two_artifacts_and_one_blob(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store()
+    assert running.store is not None
+    await spawn(event_log, "root")
+    seq = await spawn(event_log, "kid", parent="root")
+    artifacts = Artifacts(event_log, agent_id="kid")
+    first = await artifacts.put(b"same bytes", name="a.bin", after_seq=seq)
+    second = await Artifacts(event_log, agent_id="root").put(b"same bytes", name="b.bin")
+    assert first.artifact_id != second.artifact_id
+    assert first.sha256 == second.sha256 == hashlib.sha256(b"same bytes").hexdigest()
+    assert (first.tree_id, second.tree_id) == ("root", "root")
+    assert await running.store.blobs.names() == [first.sha256]
+    listed = await artifacts.list()
+    assert [a.name for a in listed] == ["a.bin", "b.bin"]
+    assert running.store.state.tree_bytes["root"] == 20
+    assert running.store.state.blob_bytes == 10
+
+    deleted = await artifacts.delete(first.artifact_id)
+    assert deleted.artifact_id == first.artifact_id
+    assert await running.store.blobs.names() == [first.sha256], "the other artifact uses it"
+    assert await artifacts.get(second.artifact_id) == b"same bytes"
+    with pytest.raises(ArtifactError, match="was deleted by kid"):
+        await artifacts.get(first.artifact_id)
+    await artifacts.delete(second.artifact_id)
+    assert await running.store.blobs.names() == []
+    assert await artifacts.list() == []
+
+
+async def test_an_agent_sees_only_its_own_tree(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    await start_store()
+    await spawn(event_log, "tree-a")
+    await spawn(event_log, "a-kid", parent="tree-a")
+    await fork(event_log, "a-fork", source="a-kid")
+    seq = await spawn(event_log, "tree-b")
+    mine = await Artifacts(event_log, agent_id="a-kid").put(
+        "notes of a", name="notes.txt", after_seq=seq
+    )
+    assert mine.media_type.startswith("text/plain")
+    theirs = await Artifacts(event_log, agent_id="tree-b").put(b"b", name="b.bin")
+
+    outsider = Artifacts(event_log, agent_id="tree-b")
+    with pytest.raises(ArtifactError, match="belongs to another tree"):
+        await outsider.get(mine.artifact_id)
+    with pytest.raises(ArtifactError, match="belongs to another tree"):
+        await outsider.delete(mine.artifact_id)
+    assert [a.artifact_id for a in await outsider.list()] == [theirs.artifact_id]
+
+    assert await Artifacts(event_log, agent_id="a-fork").get(mine.artifact_id) == b"notes of a"
+    assert [a.artifact_id for a in await Artifacts(event_log, agent_id="tree-a").list()] == [
+        mine.artifact_id
+    ]
+    operator = Artifacts(event_log)
+    assert await operator.get(theirs.artifact_id) == b"b"
+    assert len(await operator.list()) == 2
+    named = Artifacts(event_log, tree_id="tree-b")
+    with pytest.raises(ArtifactError, match="belongs to another tree"):
+        await named.get(mine.artifact_id)
+    with pytest.raises(ArtifactError, match="no agent 'nobody' in the log"):
+        await Artifacts(event_log, agent_id="nobody").put(b"x", name="x")
+    with pytest.raises(ArtifactError, match="no artifact 'missing'"):
+        await operator.get("missing")
+
+
+async def test_limits_per_artifact_and_per_tree_are_refused_clearly(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store(max_artifact_bytes=1000, max_tree_bytes=1500)
+    assert running.store is not None
+    await spawn(event_log, "small")
+    seq = await spawn(event_log, "other")
+    small = Artifacts(event_log, agent_id="small")
+    with pytest.raises(
+        ArtifactError, match=r"1001 bytes is over artifacts.max_artifact_bytes=1000"
+    ):
+        await small.put(b"x" * 1001, name="big", after_seq=seq)
+    kept = await small.put(b"y" * 800, name="one")
+    with pytest.raises(ArtifactError, match=r"tree small holds 800 bytes.*max_tree_bytes=1500"):
+        await small.put(b"z" * 800, name="two")
+    await Artifacts(event_log, agent_id="other").put(b"z" * 800, name="theirs")
+    await small.delete(kept.artifact_id)
+    await small.put(b"z" * 800, name="two")
+    with pytest.raises(ArtifactError, match="hash to sha256"):
+        await small.rpc(
+            "put", {"agent_id": "small", "name": "n", "size": 1, "sha256": "0" * 64, "data": "eA=="}
+        )
+    assert running.store.reserved == {}, "refused and finished puts reserve nothing"
+
+
+async def test_a_multi_megabyte_artifact_survives_a_restart_without_its_database(
+    nats_server: NatsEndpoint, event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store()
+    seq = await spawn(event_log, "big")
+    payload = random.Random(7).randbytes(5 * 1024 * 1024 + 123)
+    artifacts = Artifacts(event_log, agent_id="big")
+    stored = await artifacts.put(
+        payload, name="big.bin", media_type="application/x-test", after_seq=seq
+    )
+    assert stored.size == len(payload)
+    assert await artifacts.get(stored.artifact_id) == payload
+
+    await running.stop()
+    (running.folder / "artifacts.db").unlink()
+    again = await start_store()
+    assert again.store is not None
+    assert again.store.state.tree_bytes["big"] == len(payload)
+    artifact, data = await artifacts.read(stored.artifact_id)
+    assert artifact == stored
+    assert data == payload
+
+
+async def test_the_cli_puts_lists_gets_and_removes(
+    nats_server: NatsEndpoint, event_log: EventLog, start_store: StartStore, tmp_path: Path
+) -> None:
+    await start_store()
+    await spawn(event_log, "cli-root")
+    await spawn(event_log, "cli-kid", parent="cli-root")
+    source = tmp_path / "report.md"
+    source.write_text("# report\n" + "line\n" * 50_000)
+
+    async def grove(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentgrove.cli",
+            *args,
+            "--nats-url",
+            nats_server.url,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "GROVE_DATA_DIR": str(tmp_path / "none")},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = await grove(
+        "artifacts", "put", str(source), "--agent", "cli-kid", "--media-type", "text/markdown"
+    )
+    assert (code, err) == (0, "")
+    artifact_id = out.strip()
+    code, out, _ = await grove("artifacts", "ls", "--tree", "cli-root")
+    assert code == 0
+    assert artifact_id in out
+    assert "report.md" in out
+    copy = tmp_path / "copy.md"
+    code, _, _ = await grove("artifacts", "get", artifact_id, "-o", str(copy))
+    assert code == 0
+    assert copy.read_bytes() == source.read_bytes()
+    code, _, err = await grove("artifacts", "rm", artifact_id, "--agent", "cli-kid")
+    assert code == 0
+    code, out, err = await grove("artifacts", "get", artifact_id)
+    assert code == 1
+    assert err.startswith("grove: error:")
+    assert "was deleted" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_an_over_budget_result_is_stored_whole_and_its_handle_returned(
+    make_stack: StackFactory, nats_server: NatsEndpoint
+) -> None:
+    make_stack()
+    async with await GroveClient.connect(nats_server.url) as client:
+        parent = await client.spawn(
+            "100000", build_config("python", entrypoint="tests.artifact_agents:reads_child_result")
+        )
+        result = await client.wait(parent, timeout=60)
+        assert result.reason == "completed", result.error
+        child_id, length, digest = result.summary.split()
+        expected = "".join(chr(ord("a") + i % 26) for i in range(100_000))
+        assert (int(length), digest) == (100_000, hashlib.sha256(expected.encode()).hexdigest())
+
+        child = await client.wait(child_id, timeout=10)
+        assert child.reason == "completed"
+        assert child.truncated
+        assert len(child.summary) == 6000
+        assert child.summary == expected[:6000]
+        assert child.artifact is not None
+        assert await client.artifacts.get_text(child.artifact) == expected
+        listed = await Artifacts(client.log, agent_id=parent).list(owner=child_id)
+        assert [a.artifact_id for a in listed] == [child.artifact]
+
+
+async def test_a_silent_artifact_store_does_not_hold_back_the_terminate(
+    make_stack: StackFactory, nats_server: NatsEndpoint
+) -> None:
+    stack = make_stack(GROVE_RESULT_STORE_TIMEOUT="2")
+    stack.services["artifacts"].kill()
+    async with await GroveClient.connect(nats_server.url) as client:
+        agent = await client.spawn(
+            "9000",
+            build_config(
+                "python", entrypoint="tests.artifact_agents:long_result", return_budget=100
+            ),
+        )
+        result = await client.wait(agent, timeout=60)
+    assert result.reason == "completed"
+    assert result.truncated
+    assert result.artifact is None
+    assert len(result.summary) == 100
+    assert "the full result (9000 characters) could not be stored" in (result.error or "")
