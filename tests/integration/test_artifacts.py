@@ -8,13 +8,16 @@ import hashlib
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentgrove import GroveClient, build_config
 from agentgrove.artifacts import ArtifactError, Artifacts
+from agentgrove.stack import Stack
 from grove_artifacts.blobs import BlobStore
 from grove_artifacts.service import ArtifactStore
 from grove_core.config import ArtifactLimits
@@ -24,6 +27,8 @@ from grove_events import ForkEvent, SpawnEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 COMMAND = build_config("command", command=["true"])
 
@@ -173,6 +178,7 @@ async def test_limits_per_artifact_and_per_tree_are_refused_clearly(
     await spawn(event_log, "small")
     seq = await spawn(event_log, "other")
     small = Artifacts(event_log, agent_id="small")
+    refused_before = {reason: refusals(reason) for reason in ("too_large", "tree_full")}
     with pytest.raises(
         ArtifactError, match=r"1001 bytes is over artifacts.max_artifact_bytes=1000"
     ):
@@ -188,6 +194,13 @@ async def test_limits_per_artifact_and_per_tree_are_refused_clearly(
             "put", {"agent_id": "small", "name": "n", "size": 1, "sha256": "0" * 64, "data": "eA=="}
         )
     assert running.store.reserved == {}, "refused and finished puts reserve nothing"
+    assert refusals("too_large") == refused_before["too_large"] + 1
+    assert refusals("tree_full") == refused_before["tree_full"] + 1
+
+
+def refusals(reason: str) -> float:
+    value = REGISTRY.get_sample_value("grove_artifact_requests_refused_total", {"reason": reason})
+    return value or 0.0
 
 
 async def test_a_multi_megabyte_artifact_survives_a_restart_without_its_database(
@@ -263,7 +276,7 @@ async def test_the_cli_puts_lists_gets_and_removes(
 async def test_an_over_budget_result_is_stored_whole_and_its_handle_returned(
     make_stack: StackFactory, nats_server: NatsEndpoint
 ) -> None:
-    make_stack()
+    stack = make_stack()
     async with await GroveClient.connect(nats_server.url) as client:
         parent = await client.spawn(
             "100000", build_config("python", entrypoint="tests.artifact_agents:reads_child_result")
@@ -284,6 +297,15 @@ async def test_an_over_budget_result_is_stored_whole_and_its_handle_returned(
         listed = await Artifacts(client.log, agent_id=parent).list(owner=child_id)
         assert [a.artifact_id for a in listed] == [child.artifact]
 
+    metrics = await asyncio.to_thread(scrape, stack.services["artifacts"].http_port)
+    assert "grove_artifact_bytes 100000.0" in metrics
+    assert "grove_artifacts 1.0" in metrics
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
 
 async def test_a_silent_artifact_store_does_not_hold_back_the_terminate(
     make_stack: StackFactory, nats_server: NatsEndpoint
@@ -303,3 +325,25 @@ async def test_a_silent_artifact_store_does_not_hold_back_the_terminate(
     assert result.artifact is None
     assert len(result.summary) == 100
     assert "the full result (9000 characters) could not be stored" in (result.error or "")
+
+
+@pytest.fixture
+def secured_stack(tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(tmp_path / "grove", auth=True, extra_env={"PYTHONPATH": str(ROOT)})
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
+async def test_artifacts_work_under_the_deployed_permissions(secured_stack: Stack) -> None:
+    async with await GroveClient.connect(secured_stack.caller_url) as client:
+        agent = await client.spawn(
+            "7000", build_config("python", entrypoint="tests.artifact_agents:long_result")
+        )
+        result = await client.wait(agent, timeout=30)
+        assert result.artifact is not None, result.error
+        assert len(await client.artifacts.get(result.artifact)) == 7000
+        payload = random.Random(3).randbytes(1_500_000)
+        stored = await Artifacts(client.log, agent_id=agent).put(payload, name="big.bin")
+        assert await client.artifacts.get(stored.artifact_id) == payload
