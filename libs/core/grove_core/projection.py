@@ -219,6 +219,8 @@ class ProjectionRunner(Generic[S]):
         self.lag = 0
         self.state: S = state_type.from_rows({})
         self._applied_metric = metrics.EVENTS_APPLIED.labels(name)
+        #: Rows taken for a write that failed: written with the next one.
+        self._unsaved: dict[str, dict[str, Any] | None] = {}
 
     def load(self) -> S:
         """Load state and checkpoint from the store."""
@@ -231,7 +233,13 @@ class ProjectionRunner(Generic[S]):
         """Write what changed since the last flush, with the checkpoint."""
         if self.applied_seq == self.flushed_seq:
             return
-        self.store.save(self.name, self.applied_seq, self.state.take_dirty())
+        changed = {**self._unsaved, **self.state.take_dirty()}
+        try:
+            self.store.save(self.name, self.applied_seq, changed)
+        except BaseException:
+            self._unsaved = changed  # written with the next flush, newer changes over them
+            raise
+        self._unsaved = {}
         self.flushed_seq = self.applied_seq
         metrics.PROJECTION_SEQ.labels(self.name).set(self.applied_seq)
         metrics.PROJECTION_LAG.labels(self.name).set(self.lag)
