@@ -203,6 +203,38 @@ def refusals(reason: str) -> float:
     return value or 0.0
 
 
+async def test_an_upload_must_add_up_to_what_its_put_declared(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store()
+    assert running.store is not None
+    seq = await spawn(event_log, "uploader")
+    store = Artifacts(event_log, agent_id="uploader")
+    with pytest.raises(ArtifactError, match="got 1 of the 2 bytes"):
+        await store.rpc(
+            "put",
+            {"agent_id": "uploader", "name": "n", "size": 2, "data": "eA==", "after_seq": seq},
+        )
+    opened = await store.rpc("put", {"agent_id": "uploader", "name": "n", "size": 6})
+    upload = opened["upload_id"]
+    assert opened["chunk_bytes"] >= 128 * 1024
+    with pytest.raises(ArtifactError, match="must start at offset 0, not 5"):
+        await store.rpc("put_chunk", {"upload_id": upload, "offset": 5, "data": "eHh4"})
+    assert (await store.rpc("put_chunk", {"upload_id": upload, "offset": 0, "data": "eHh4"}))[
+        "received"
+    ] == 3
+    with pytest.raises(ArtifactError, match="more than the 6 bytes"):
+        await store.rpc("put_chunk", {"upload_id": upload, "offset": 3, "data": "eHh4eHh4"})
+    with pytest.raises(ArtifactError, match="got 3 of the 6 bytes"):
+        await store.rpc("put_commit", {"upload_id": upload})
+    with pytest.raises(ArtifactError, match=r"no upload .* in progress"):
+        await store.rpc("put_commit", {"upload_id": upload})
+    with pytest.raises(ArtifactError, match="needs the previous answer's 'cursor'"):
+        await store.rpc("get", {"artifact_id": "whatever", "offset": 10})
+    assert running.store.reserved == {}
+    assert await running.store.blobs.names() == []
+
+
 async def test_a_multi_megabyte_artifact_survives_a_restart_without_its_database(
     nats_server: NatsEndpoint, event_log: EventLog, start_store: StartStore
 ) -> None:

@@ -438,10 +438,12 @@ class ArtifactStore:
         upload = self._upload(request)
         offset = _count(request, "offset")
         data = _data(request)
-        self._receive(upload, offset, data)
         file = upload.file
         assert file is not None
-        await asyncio.to_thread(file.write, data)
+        self._receive(upload, offset, data)
+        # Written before any other request runs: the file holds exactly what was hashed, in
+        # order (a piece is at most MAX_PIECE_BYTES, a short blocking write).
+        file.write(data)
         return {"upload_id": upload.upload_id, "received": upload.received}
 
     async def put_commit(self, request: dict[str, Any]) -> Answer:
@@ -450,21 +452,21 @@ class ArtifactStore:
         # Taken off the uploads at once: a second commit of it is refused, not run twice.
         self.uploads.pop(upload.upload_id)
         try:
-            if upload.received != upload.size:
-                raise Refused(
-                    "bad_request",
-                    f"upload {upload.upload_id} got {upload.received} of the {upload.size} "
-                    "bytes the put declared; put the artifact again",
-                )
             file = upload.file
             assert file is not None
-            await asyncio.to_thread(file.seek, 0)
+            file.seek(0)
             return await self._commit(upload, file)
         finally:
             self._release(upload)
 
     async def _commit(self, upload: Upload, source: io.BufferedIOBase) -> Answer:
         """Write the blob unless the bucket has it, append the put, wait until it is folded."""
+        if upload.received != upload.size:
+            raise Refused(
+                "bad_request",
+                f"the put got {upload.received} of the {upload.size} bytes it declared; put the "
+                "artifact again",
+            )
         sha256 = upload.hasher.hexdigest()
         if upload.sha256 is not None and upload.sha256 != sha256:
             raise Refused(
@@ -525,11 +527,11 @@ class ArtifactStore:
         cursor, eof}: the next bytes of the artifact."""
         artifact_id = _token(request, "artifact_id")
         assert artifact_id is not None
-        entry = self.entry(artifact_id, await self.scope(request))
         cursor = _text(request, "cursor", required=False)
         offset = _count(request, "offset", 0)
         if cursor is None and offset:
             raise Refused("bad_request", "an 'offset' above 0 needs the previous answer's 'cursor'")
+        entry = self.entry(artifact_id, await self.scope(request))
         try:
             chunks = await self.blobs.read(entry.sha256, cursor, self.piece)
         except ValueError as exc:
