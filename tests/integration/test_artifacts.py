@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
 import random
 import sys
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from agentgrove import GroveClient, build_config
 from agentgrove.artifacts import ArtifactError, Artifacts
 from agentgrove.stack import Stack
 from grove_artifacts.blobs import BlobStore
-from grove_artifacts.service import ArtifactStore
+from grove_artifacts.service import UPLOAD_IDLE_S, ArtifactStore
 from grove_core.config import ArtifactLimits
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
@@ -234,6 +236,14 @@ async def test_an_upload_must_add_up_to_what_its_put_declared(
     assert running.store.reserved == {}
     assert await running.store.blobs.names() == []
 
+    idle = await store.rpc("put", {"agent_id": "uploader", "name": "n", "size": 100})
+    assert running.store.reserved == {"uploader": 100}
+    assert running.store.drop_idle(time.monotonic()) == 0
+    assert running.store.drop_idle(time.monotonic() + UPLOAD_IDLE_S + 1) == 1
+    assert running.store.reserved == {}
+    with pytest.raises(ArtifactError, match=r"dropped after 60s idle"):
+        await store.rpc("put_chunk", {"upload_id": idle["upload_id"], "offset": 0, "data": "eA=="})
+
 
 async def test_a_multi_megabyte_artifact_survives_a_restart_without_its_database(
     nats_server: NatsEndpoint, event_log: EventLog, start_store: StartStore
@@ -250,8 +260,12 @@ async def test_a_multi_megabyte_artifact_survives_a_restart_without_its_database
 
     await running.stop()
     (running.folder / "artifacts.db").unlink()
+    orphan = b"written, but its put never reached the log"
+    blobs = await BlobStore.open(event_log.js)
+    await blobs.put(hashlib.sha256(orphan).hexdigest(), io.BytesIO(orphan))
     again = await start_store()
     assert again.store is not None
+    assert await again.store.blobs.names() == [stored.sha256], "the orphan blob is swept"
     assert again.store.state.tree_bytes["big"] == len(payload)
     artifact, data = await artifacts.read(stored.artifact_id)
     assert artifact == stored
@@ -332,6 +346,13 @@ async def test_an_over_budget_result_is_stored_whole_and_its_handle_returned(
     metrics = await asyncio.to_thread(scrape, stack.services["artifacts"].http_port)
     assert "grove_artifact_bytes 100000.0" in metrics
     assert "grove_artifacts 1.0" in metrics
+
+    stack.services["artifacts"].kill()
+    for database in stack.data_dir.glob("artifacts.db*"):
+        database.unlink()
+    await asyncio.to_thread(stack.restart, "artifacts")
+    async with await GroveClient.connect(nats_server.url) as client:
+        assert await client.artifacts.get_text(child.artifact) == expected
 
 
 def scrape(port: int) -> str:

@@ -510,15 +510,20 @@ class ArtifactStore:
             self._blob_locks[sha256] = lock
         return lock
 
+    def drop_idle(self, now: float) -> int:
+        """Drop the uploads that, at monotonic time `now`, got no chunk for `UPLOAD_IDLE_S`
+        seconds; returns how many."""
+        idle = [u for u in self.uploads.values() if now - u.touched > UPLOAD_IDLE_S]
+        for upload in idle:
+            log.info("upload %s dropped: idle", upload.upload_id)
+            self._release(upload)
+        return len(idle)
+
     async def drop_idle_uploads(self) -> None:
-        """Drop uploads that got no chunk for `UPLOAD_IDLE_S` seconds, every few seconds."""
+        """Drop idle uploads, every few seconds."""
         while True:
-            await asyncio.sleep(min(5.0, UPLOAD_IDLE_S / 4))
-            now = time.monotonic()
-            for upload in list(self.uploads.values()):
-                if now - upload.touched > UPLOAD_IDLE_S:
-                    log.info("upload %s dropped: idle", upload.upload_id)
-                    self._release(upload)
+            await asyncio.sleep(UPLOAD_IDLE_S / 4)
+            self.drop_idle(time.monotonic())
 
     # -- get, list, delete -------------------------------------------------------------------
 
