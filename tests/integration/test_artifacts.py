@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 import random
 import sys
@@ -306,6 +307,16 @@ async def test_the_cli_puts_lists_gets_and_removes(
     assert code == 0
     assert artifact_id in out
     assert "report.md" in out
+    code, out, _ = await grove("artifacts", "ls", "--agent", "cli-kid", "--json")
+    assert code == 0
+    [listed] = json.loads(out)
+    assert (listed["artifact_id"], listed["media_type"], listed["size"]) == (
+        artifact_id,
+        "text/markdown",
+        source.stat().st_size,
+    )
+    code, out, _ = await grove("artifacts", "ls", "--tree", "elsewhere")
+    assert (code, out.strip()) == (0, "(no artifacts)")
     copy = tmp_path / "copy.md"
     code, _, _ = await grove("artifacts", "get", artifact_id, "-o", str(copy))
     assert code == 0
