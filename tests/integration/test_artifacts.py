@@ -200,6 +200,16 @@ async def test_limits_per_artifact_and_per_tree_are_refused_clearly(
     assert refusals("too_large") == refused_before["too_large"] + 1
     assert refusals("tree_full") == refused_before["tree_full"] + 1
 
+    racing = Artifacts(event_log, agent_id="other")
+    outcomes = await asyncio.gather(
+        *(racing.put(bytes([i]) * 400, name=f"race-{i}") for i in range(4)),
+        return_exceptions=True,
+    )
+    stored = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert len(stored) == 1, "800 + 400 fit in 1500, a second 400 does not"
+    assert all("max_tree_bytes" in str(o) for o in outcomes if isinstance(o, BaseException))
+    assert running.store.state.tree_bytes["other"] == 1200
+
 
 def refusals(reason: str) -> float:
     value = REGISTRY.get_sample_value("grove_artifact_requests_refused_total", {"reason": reason})

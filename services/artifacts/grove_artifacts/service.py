@@ -216,7 +216,7 @@ class ArtifactStore:
 
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
         self.seen_seq = recorded.seq
-        if isinstance(recorded.event, ArtifactEvent) or not live:
+        if isinstance(recorded.event, ArtifactEvent):
             self.update_gauges()
         self._progress.set()
         self._progress = asyncio.Event()
