@@ -27,6 +27,8 @@ from grove_events import rpc_subject
 
 #: Seconds one request to the artifact-store may take.
 ARTIFACTS_TIMEOUT_S = 10.0
+#: The slowest a commit is expected to write a blob into the bucket, in bytes per second.
+COMMIT_BYTES_PER_S = 2_000_000
 #: Most bytes of data in one message, before base64 (less when the server's limit is lower).
 MAX_PIECE_BYTES = 512 * 1024
 #: Room left in a message for the JSON around the data.
@@ -86,15 +88,18 @@ class Artifacts:
         self.tree_id = tree_id
         self.timeout = timeout
 
-    async def rpc(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def rpc(
+        self, verb: str, request: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         """Ask the store; ArtifactError with its message when it refuses."""
+        timeout = timeout or self.timeout
         try:
             reply = await self.log.nc.request(
-                rpc_subject("artifacts", verb), json.dumps(request).encode(), timeout=self.timeout
+                rpc_subject("artifacts", verb), json.dumps(request).encode(), timeout=timeout
             )
         except (TimeoutError, nats.errors.Error):
             raise ArtifactStoreUnavailable(
-                f"the artifact-store did not answer `{verb}` within {self.timeout:g}s; is it "
+                f"the artifact-store did not answer `{verb}` within {timeout:g}s; is it "
                 "running (`grove up`)?"
             ) from None
         answer: dict[str, Any] = json.loads(reply.data)
@@ -149,7 +154,9 @@ class Artifacts:
         for offset in range(0, len(data), step):
             piece = base64.b64encode(data[offset : offset + step]).decode()
             await self.rpc("put_chunk", {"upload_id": upload_id, "offset": offset, "data": piece})
-        answer = await self.rpc("put_commit", {"upload_id": upload_id})
+        # The commit writes the whole blob into the bucket: allow for its size.
+        writing = len(data) / COMMIT_BYTES_PER_S
+        answer = await self.rpc("put_commit", {"upload_id": upload_id}, self.timeout + writing)
         return Artifact.from_row(answer["artifact"])
 
     async def read(self, artifact_id: str) -> tuple[Artifact, bytes]:

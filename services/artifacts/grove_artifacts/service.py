@@ -72,8 +72,9 @@ log = logging.getLogger(__name__)
 NAME = "artifacts"
 #: Seconds an upload may wait for its next chunk before it is dropped.
 UPLOAD_IDLE_S = 60.0
-#: Longest wait for `after_seq`, or for the index to catch up with the log.
-MAX_WAIT_S = 10.0
+#: Longest wait for `after_seq`, or for the index to catch up with the log (shorter than a
+#: client's request timeout, so that it gets the reason rather than a timeout).
+MAX_WAIT_S = 4.0
 #: Most bytes of data in one message, before base64 (less when the server's limit is lower).
 MAX_PIECE_BYTES = 512 * 1024
 #: Room left in a message for the JSON around the data.
