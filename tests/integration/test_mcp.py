@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from mcp import ClientSession, stdio_client
 
 from agentgrove import GroveClient, build_config
 from agentgrove.stack import Stack
+from grove_core.auth import USERS
 from grove_events import SpawnEvent
 from tests.conftest import StackFactory
 from tests.task_agents import grove_mcp_server, mcp_tool
@@ -73,7 +75,8 @@ async def test_an_mcp_client_manages_children_as_the_agent(
         assert {"spawn_agent", "fork_agent", "task", "wait", "stop_agent", "send_message"} <= set(
             tools
         )
-        assert {"get_resource_status", "read_inbox", "ask_human"} <= set(tools)
+        assert {"get_resource_status", "read_inbox", "ask_human", "query_index"} <= set(tools)
+        assert {"put_artifact", "get_artifact", "list_artifacts"} <= set(tools)
         assert "- echo: repeats its brief" in (tools["task"].description or "")
         assert tools["wait"].input_schema["required"] == ["agent_id"]
 
@@ -102,6 +105,22 @@ async def test_an_mcp_client_manages_children_as_the_agent(
             session, "task", {"description": "x", "prompt": "ping", "subagent_type": "poet"}
         )
         assert "available: echo, explore, reasoning" in unknown["error"]
+
+        stored = await mcp_tool(
+            session, "put_artifact", {"name": "notes.md", "content": "# findings\nall good"}
+        )
+        assert (stored["agent_id"], stored["size"]) == (manager, 19)
+        read_back = await mcp_tool(session, "get_artifact", {"artifact_id": stored["artifact_id"]})
+        assert (read_back["text"], read_back["truncated"]) == ("# findings\nall good", False)
+        # The index may fold the new artifact just after the put answered.
+        for _ in range(100):
+            listed = await mcp_tool(session, "list_artifacts", {})
+            if listed["artifacts"]:
+                break
+            await asyncio.sleep(0.1)
+        assert [a["name"] for a in listed["artifacts"]] == ["notes.md"]
+        missing = await mcp_tool(session, "get_artifact", {"artifact_id": "nothing-here"})
+        assert missing["error"].startswith("Error executing tool get_artifact:")
 
         status = await mcp_tool(session, "get_resource_status", {})
         assert status["self"]["agent_id"] == manager
@@ -148,7 +167,14 @@ async def test_grove_mcp_refuses_an_unknown_agent(stack: Stack) -> None:
 async def test_under_auth_a_command_agent_connects_with_the_spawners_credentials(
     tmp_path: Path,
 ) -> None:
-    secured = Stack(tmp_path / "secured", auth=True, extra_env={"PYTHONPATH": str(ROOT)}).start()
+    # Passwords that start with a letter: nats-server reads an environment value that starts
+    # with a digit as a number, and a random one sometimes does.
+    data_dir = tmp_path / "secured"
+    (data_dir / "auth").mkdir(parents=True)
+    (data_dir / "auth" / "passwords.json").write_text(
+        json.dumps({user: f"pw{secrets.token_hex(16)}" for user in USERS})
+    )
+    secured = Stack(data_dir, auth=True, extra_env={"PYTHONPATH": str(ROOT)}).start()
     try:
         async with await GroveClient.connect(secured.caller_url) as grove:
             command = [

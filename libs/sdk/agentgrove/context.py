@@ -624,6 +624,8 @@ def _clip(text: str, width: int) -> str:
 
 # -- the control tools, as a model calls them (the `openai` runtime, `grove mcp`) --------------
 
+#: Bytes of an artifact the get_artifact tool returns as text.
+ARTIFACT_TEXT_CHARS = 100_000
 #: Errors a tool reports back to the model (its arguments or the situation), not crashes.
 TOOL_ERRORS: tuple[type[Exception], ...] = (
     ValueError,
@@ -708,6 +710,26 @@ class AskHumanArguments(ToolArguments):
     timeout: float | None = Field(default=None, gt=0, description="Seconds to wait at most.")
 
 
+class PutArtifactArguments(ToolArguments):
+    name: str = Field(description="A file name for it, e.g. 'report.md'.")
+    content: str = Field(description="The text to store.")
+    media_type: str | None = Field(default=None, description="Default: text/plain.")
+
+
+class ArtifactArguments(ToolArguments):
+    artifact_id: str = Field(description="The artifact's handle (from a result or a listing).")
+
+
+class ListArtifactsArguments(ToolArguments):
+    owner: str | None = Field(default=None, description="Only this agent's (default: all).")
+
+
+class QueryIndexArguments(ToolArguments):
+    type: Literal["agents", "hitl", "subscribers"] = Field(description="What to list.")
+    filter: dict[str, Any] | None = Field(default=None, description="Field values to match.")
+    limit: int = Field(default=100, ge=1, le=1000, description="Rows at most.")
+
+
 class ReadInboxArguments(ToolArguments):
     wait: float = Field(
         default=0, ge=0, le=600, description="Seconds to wait for one entry when it is empty."
@@ -785,6 +807,29 @@ async def _inbox_tool(ctx: AgentContext, args: ReadInboxArguments) -> dict[str, 
         except TimeoutError:
             items = []
     return {"entries": [_inbox_entry(item) for item in items]}
+
+
+async def _put_artifact_tool(ctx: AgentContext, args: PutArtifactArguments) -> dict[str, Any]:
+    artifact = await ctx.put_artifact(args.content, args.name, args.media_type)
+    return asdict(artifact)
+
+
+async def _get_artifact_tool(ctx: AgentContext, args: ArtifactArguments) -> dict[str, Any]:
+    data = await ctx.get_artifact(args.artifact_id)
+    text = data[:ARTIFACT_TEXT_CHARS].decode(errors="replace")
+    return {
+        "artifact_id": args.artifact_id,
+        "text": text,
+        "truncated": len(data) > ARTIFACT_TEXT_CHARS,
+    }
+
+
+async def _list_artifacts_tool(ctx: AgentContext, args: ListArtifactsArguments) -> dict[str, Any]:
+    return {"artifacts": [asdict(a) for a in await ctx.list_artifacts(args.owner)]}
+
+
+async def _query_tool(ctx: AgentContext, args: QueryIndexArguments) -> dict[str, Any]:
+    return {"rows": await ctx.query_index(args.type, args.filter, args.limit)}
 
 
 @dataclass(frozen=True)
@@ -903,5 +948,32 @@ def control_tools(profiles: Mapping[str, SubAgentDefinition]) -> list[ControlToo
             "cannot decide or find out yourself.",
             AskHumanArguments,
             _ask_tool,
+        ),
+        ControlTool(
+            "query_index",
+            "List rows of the tree's index: `agents` (state, parent, task), `hitl` (questions) "
+            "or `subscribers`, matching `filter`.",
+            QueryIndexArguments,
+            _query_tool,
+        ),
+        ControlTool(
+            "put_artifact",
+            "Store a text (a report, a file) as an artifact; returns its artifact_id, the "
+            "handle to pass to other agents instead of the whole text.",
+            PutArtifactArguments,
+            _put_artifact_tool,
+        ),
+        ControlTool(
+            "get_artifact",
+            "Read an artifact of your tree by its artifact_id, e.g. a child's full result when "
+            "its summary was cut (the first 100,000 bytes, as text).",
+            ArtifactArguments,
+            _get_artifact_tool,
+        ),
+        ControlTool(
+            "list_artifacts",
+            "The artifacts of your tree (optionally one agent's), oldest first.",
+            ListArtifactsArguments,
+            _list_artifacts_tool,
         ),
     ]
