@@ -40,19 +40,13 @@ check-schemas: $(STAMP) ## fail when docs/schemas is stale
 bench: $(STAMP) ## measure the control plane against raw NATS (writes bench/results.json)
 	$(BIN)/python -m bench
 
-SERVICES := governor spawner router
+SERVICES := governor spawner router artifacts
 
 asyncapi: $(STAMP) ## write docs/asyncapi/<service>.json from the services' contracts
-	@for s in $(SERVICES); do \
-		$(BIN)/faststream docs gen grove_$$s.contract:app --out docs/asyncapi/$$s.json >/dev/null || exit 1; \
-	done; echo "docs/asyncapi written"
+	$(BIN)/python -m grove_core.asyncapi docs/asyncapi $(SERVICES)
 
 check-asyncapi: $(STAMP) ## fail when docs/asyncapi is stale
-	@tmp=$$(mktemp -d); for s in $(SERVICES); do \
-		$(BIN)/faststream docs gen grove_$$s.contract:app --out $$tmp/$$s.json >/dev/null || exit 1; \
-		cmp -s $$tmp/$$s.json docs/asyncapi/$$s.json || { \
-			echo "docs/asyncapi/$$s.json is stale: run make asyncapi"; rm -rf $$tmp; exit 1; }; \
-	done; rm -rf $$tmp; echo "docs/asyncapi is fresh"
+	$(BIN)/python -m grove_core.asyncapi docs/asyncapi $(SERVICES) --check
 
 clean:
 	rm -rf $(VENV) .grove .pytest_cache .mypy_cache .ruff_cache

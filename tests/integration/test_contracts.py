@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from grove_artifacts.contract import CONTRACT as ARTIFACTS
 from grove_core.asyncapi import Contract
 from grove_core.log import EventLog
 from grove_governor.contract import CONTRACT as GOVERNOR
@@ -18,7 +19,7 @@ from tests.conftest import StackFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-ANSWERING: tuple[Contract, ...] = (GOVERNOR, ROUTER)
+ANSWERING: tuple[Contract, ...] = (GOVERNOR, ROUTER, ARTIFACTS)
 
 
 async def test_every_request_subject_of_a_contract_is_answered(

@@ -3,15 +3,21 @@
 Each service declares what it reads from the log, what it appends, and which request-reply
 subjects it answers, in a `Contract` (its `contract.py`). `asyncapi_app` turns a contract into a
 FastStream application whose subscribers and publishers carry the event models, so that
-`faststream docs gen grove_<service>.contract:app` writes the service's AsyncAPI document
-(`make asyncapi` writes all four into docs/asyncapi/, and CI checks they are fresh).
+`faststream docs gen grove_<service>.contract:app` writes the service's AsyncAPI document.
+`make asyncapi` writes all four into docs/asyncapi/ through FastStream's same generator, with
+sorted keys (FastStream's own order of channels varies between runs), and CI checks they are
+fresh.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from faststream import FastStream
@@ -98,3 +104,47 @@ def asyncapi_app(contract: Contract) -> FastStream:
             description=contract.description,
         ),
     )
+
+
+def document(app: FastStream) -> str:
+    """The AsyncAPI document of `app` as FastStream generates it (`faststream docs gen`), with
+    its keys sorted so that the same contract always writes the same file."""
+    schema = app.schema.to_specification().to_jsonable()
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def load_app(target: str) -> FastStream:
+    """The FastStream app named `module:attribute`."""
+    module_name, _, attribute = target.partition(":")
+    app = getattr(importlib.import_module(module_name), attribute or "app")
+    if not isinstance(app, FastStream):
+        raise TypeError(f"{target} is not a FastStream application")
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m grove_core.asyncapi DIR SERVICE... [--check]`: write (or check) the documents
+    of `grove_<service>.contract:app` as DIR/<service>.json."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    if len(args) < 2:
+        sys.exit("usage: python -m grove_core.asyncapi DIR SERVICE... [--check]")
+    folder, services = Path(args[0]), args[1:]
+    stale = []
+    for service in services:
+        text = document(load_app(f"grove_{service}.contract:app"))
+        target = folder / f"{service}.json"
+        if check:
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                stale.append(str(target))
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    if stale:
+        sys.exit(f"stale AsyncAPI documents: {', '.join(stale)}; run `make asyncapi`")
+    print(f"{folder}: {'fresh' if check else 'written'} ({', '.join(services)})")
+
+
+if __name__ == "__main__":
+    main()
