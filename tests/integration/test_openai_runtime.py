@@ -7,13 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from agentgrove import GroveClient, build_config
+from agentgrove import GroveClient, SubAgentDefinition, build_config
+from agentgrove.context import SessionEntry, check_entry_kind
+from grove_core.config import GroveConfig
 from grove_core.log import Recorded
 from grove_events import StatusEvent
+from grove_spawner.openai_runtime import EndpointError, conversation, resolve_endpoint
 from tests.conftest import StackFactory
 from tests.fake_openai import REFUSING_MODEL, TOKENS_PER_CALL, FakeOpenAI
 
@@ -208,3 +212,67 @@ async def test_without_an_endpoint_the_run_fails_saying_what_to_set(
         result = await grove.wait(agent, timeout=60)
     assert result.reason == "failed"
     assert (result.error or "").startswith("runtime 'openai' needs an API key: set OPENAI_API_KEY")
+
+
+def entry(kind: str, content: object) -> SessionEntry:
+    text = content if isinstance(content, str) else json.dumps(content)
+    return SessionEntry(check_entry_kind(kind), text, datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def test_a_session_becomes_the_conversation() -> None:
+    call = {"id": "c1", "name": "wait", "arguments": '{"agent_id": "a"}'}
+    entries = [
+        entry("system", "be brief"),
+        entry("user", "the task"),
+        entry("assistant", "let me look"),
+        entry("tool_call", call),
+        entry("tool_call", {"id": "c2", "name": "get_resource_status", "arguments": "{}"}),
+        entry("tool_call", {"tool": "ask_human", "request_id": "r1", "prompt": "ok?"}),
+        entry("tool_result", {"tool": "ask_human", "request_id": "r1", "answer": "yes"}),
+        entry("tool_result", {"id": "c1", "name": "wait", "content": '{"summary": "x"}'}),
+        entry("user", "resumed: go on"),
+    ]
+    messages = conversation(entries)
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+    ]
+    assert messages[2]["content"] == "let me look"
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": '{"summary": "x"}'}
+    assert messages[4]["tool_call_id"] == "c2"
+    assert "interrupted" in messages[4]["content"]
+
+
+def test_where_the_endpoint_comes_from() -> None:
+    environ = {"OPENAI_BASE_URL": "http://env/v1", "OPENAI_API_KEY": "k-env", "OPENAI_MODEL": "m"}
+    plain = resolve_endpoint(GroveConfig(), None, None, environ)
+    assert (plain.base_url, plain.api_key, plain.model, plain.max_iterations) == (
+        "http://env/v1",
+        "k-env",
+        "m",
+        20,
+    )
+    config = GroveConfig.model_validate(
+        {"openai": {"base_url": "http://file/v1", "api_key": "k-file", "model": "mf"}}
+    )
+    profile = SubAgentDefinition(
+        name="p", description="d", runtime="openai", model="mp", max_iterations=4
+    )
+    chosen = resolve_endpoint(config, profile, "ms", environ)
+    assert (chosen.base_url, chosen.api_key, chosen.model, chosen.max_iterations) == (
+        "http://file/v1",
+        "k-file",
+        "ms",
+        4,
+    )
+    assert "k-file" not in repr(chosen)
+    assert resolve_endpoint(config, profile, None, {}).model == "mp"
+    with pytest.raises(EndpointError, match="needs a model"):
+        resolve_endpoint(GroveConfig(), None, None, {"OPENAI_API_KEY": "k"})
+    keyless = resolve_endpoint(GroveConfig(), None, "m", {"OPENAI_BASE_URL": "http://local/v1"})
+    assert keyless.api_key == "unused"
