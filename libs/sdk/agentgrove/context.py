@@ -643,6 +643,8 @@ class ToolArguments(BaseModel):
 
 
 class SpawnAgentArguments(ToolArguments):
+    """Arguments of spawn_agent."""
+
     task: str = Field(description="What the child is to do: its whole brief.")
     runtime: Literal["openai", "python", "command", "acp"] = Field(
         default="openai",
@@ -662,6 +664,8 @@ class SpawnAgentArguments(ToolArguments):
 
 
 class ForkAgentArguments(ToolArguments):
+    """Arguments of fork_agent."""
+
     reason: str = Field(description="Why the fork is made; the fork is told.")
     source: str | None = Field(default=None, description="Agent to fork (default: yourself).")
     task: str | None = Field(default=None, description="The fork's own task.")
@@ -669,22 +673,30 @@ class ForkAgentArguments(ToolArguments):
 
 
 class TaskArguments(ToolArguments):
+    """Arguments of task."""
+
     description: str = Field(description="A short label of the delegated work, 1-120 characters.")
     prompt: str = Field(description="The subagent's whole brief, up to 100,000 characters.")
     subagent_type: str = Field(description="The profile to use (see the list above).")
 
 
 class WaitArguments(ToolArguments):
+    """Arguments of wait."""
+
     agent_id: str = Field(description="The agent to wait for, usually a child.")
     timeout: float | None = Field(default=None, gt=0, description="Seconds to wait at most.")
 
 
 class StopAgentArguments(ToolArguments):
+    """Arguments of stop_agent."""
+
     agent_id: str = Field(description="The agent to stop, usually a child.")
     reason: str = Field(default="stopped by parent", description="Why; kept in the log.")
 
 
 class SendMessageArguments(ToolArguments):
+    """Arguments of send_message."""
+
     content: str = Field(description="The message.")
     to: str | None = Field(default=None, description="An agent id (or give topic).")
     topic: str | None = Field(default=None, description="A topic name (or give to).")
@@ -692,45 +704,61 @@ class SendMessageArguments(ToolArguments):
 
 
 class InjectMessageArguments(ToolArguments):
+    """Arguments of inject_message."""
+
     agent_id: str = Field(description="The agent (usually a child) that must read it first.")
     message: str = Field(description="The message.")
 
 
 class AgentArguments(ToolArguments):
+    """Arguments of the tools about one agent (default: the caller)."""
+
     agent_id: str | None = Field(default=None, description="The agent (default: yourself).")
 
 
 class NoArguments(ToolArguments):
-    pass
+    """No arguments."""
 
 
 class AskHumanArguments(ToolArguments):
+    """Arguments of ask_human."""
+
     prompt: str = Field(description="The question for the person in charge.")
     options: list[str] = Field(default_factory=list, description="Answers to choose from.")
     timeout: float | None = Field(default=None, gt=0, description="Seconds to wait at most.")
 
 
 class PutArtifactArguments(ToolArguments):
+    """Arguments of put_artifact."""
+
     name: str = Field(description="A file name for it, e.g. 'report.md'.")
     content: str = Field(description="The text to store.")
     media_type: str | None = Field(default=None, description="Default: text/plain.")
 
 
 class ArtifactArguments(ToolArguments):
+    """Arguments of get_artifact."""
+
     artifact_id: str = Field(description="The artifact's handle (from a result or a listing).")
 
 
 class ListArtifactsArguments(ToolArguments):
+    """Arguments of list_artifacts."""
+
     owner: str | None = Field(default=None, description="Only this agent's (default: all).")
 
 
 class QueryIndexArguments(ToolArguments):
+    """Arguments of query_index."""
+
     type: Literal["agents", "hitl", "subscribers"] = Field(description="What to list.")
     filter: dict[str, Any] | None = Field(default=None, description="Field values to match.")
     limit: int = Field(default=100, ge=1, le=1000, description="Rows at most.")
 
 
 class ReadInboxArguments(ToolArguments):
+    """Arguments of read_inbox."""
+
     wait: float = Field(
         default=0, ge=0, le=600, description="Seconds to wait for one entry when it is empty."
     )
