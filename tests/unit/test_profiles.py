@@ -140,6 +140,8 @@ def test_task_argument_bounds() -> None:
     ]:
         with pytest.raises(ValueError, match=f"task {what} must be 1 to"):
             check_task_arguments(description, prompt)
+    with pytest.raises(ValueError, match="task prompt is blank"):
+        check_task_arguments("d", " \n ")
 
 
 def test_an_incomplete_report_begins_with_the_notice_and_keeps_the_budget() -> None:

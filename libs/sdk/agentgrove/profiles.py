@@ -179,16 +179,19 @@ class UnknownSubagentType(LookupError):
 
 def check_task_arguments(description: str, prompt: str) -> None:
     """ValueError saying which `task` argument is out of bounds."""
-    if not 1 <= len(description) <= MAX_DESCRIPTION or not description.strip():
+    if not 1 <= len(description) <= MAX_DESCRIPTION:
         raise ValueError(
             f"task description must be 1 to {MAX_DESCRIPTION} characters (a short label), "
             f"not {len(description)}"
         )
-    if not 1 <= len(prompt) <= MAX_PROMPT or not prompt.strip():
+    if not 1 <= len(prompt) <= MAX_PROMPT:
         raise ValueError(
             f"task prompt must be 1 to {MAX_PROMPT} characters (the subagent's whole brief), "
             f"not {len(prompt)}"
         )
+    for name, value in (("description", description), ("prompt", prompt)):
+        if not value.strip():
+            raise ValueError(f"task {name} is blank; say what the subagent is to do")
 
 
 def incomplete_content(why: str, body: str, budget: int) -> str:
