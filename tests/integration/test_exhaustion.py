@@ -13,7 +13,7 @@ from agentgrove.client import GroveClient
 from grove_core.log import EventLog, LogError, stream_config
 from grove_events import GROVE_STREAM
 from tests.conftest import NatsEndpoint, StackFactory
-from tests.integration.test_recovery import ROOMY, python_agent, wait_ended
+from tests.integration.test_recovery import ROOMY, python_agent, wait_ended, wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -46,6 +46,8 @@ async def test_a_full_log_refuses_appends_with_a_clear_error_and_loses_nothing(
 ) -> None:
     stack = await asyncio.to_thread(make_stack, config=ROOMY)
     client = GroveClient(event_log)
+    running = await client.spawn("3", python_agent("sleeper"))  # it ends while the log is full
+    await wait_status(event_log, "started", [running], timeout=30)
     await asyncio.to_thread(stack.services["governor"].stop)
     before_full = await client.spawn("spawned before the log filled up", python_agent("quick"))
     used = (await event_log.js.stream_info(event_log.stream)).state.bytes
@@ -56,14 +58,15 @@ async def test_a_full_log_refuses_appends_with_a_clear_error_and_loses_nothing(
         await client.spawn("refused while full", python_agent("quick"))
     assert "retry" in str(refused.value)
     await asyncio.to_thread(stack.services["governor"].start)
-    await asyncio.sleep(2)  # the governor tries to admit into a full log meanwhile
+    await asyncio.sleep(4)  # the governor tries to admit, the sleeper to end, into a full log
     assert stack.services["governor"].alive, "the governor gave up on a full log"
 
     await set_max_bytes(event_log, -1)
     after = await client.spawn("spawned after space came back", python_agent("quick"))
 
-    ended = await wait_ended(event_log, [before_full, after], timeout=60)
+    ended = await wait_ended(event_log, [running, before_full, after], timeout=60)
     assert {a: e.reason for a, e in ended.items()} == {
+        running: "completed",
         before_full: "completed",
         after: "completed",
     }

@@ -38,6 +38,7 @@ from grove_core.log import (
     Delivery,
     DurableConsumer,
     EventLog,
+    LogError,
     RawRecord,
     Recorded,
     decode_record,
@@ -85,6 +86,15 @@ START_CONCURRENCY = 64
 #: How deep a chain of forks of forks is followed back to its spawn.
 MAX_FORK_DEPTH = 64
 
+#: First and longest pause between attempts to append an agent's end the log refused.
+TERMINATE_RETRY_S = 0.5
+TERMINATE_RETRY_MAX_S = 5.0
+
+TERMINATE_RETRIES = Counter(
+    "grove_spawner_end_retries_total",
+    "Appends of an agent's end (last status, terminate) the log refused or did not "
+    "acknowledge, each tried again.",
+)
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
     "Agents ended as failed because the spawner running them was lost.",
@@ -491,7 +501,7 @@ class Spawner:
         details: dict[str, Any] = {"system_notice": "silent_completion"}
         if tokens:
             details["tokens"] = tokens
-        await self.log.append(self._status(agent, "completed", text, details))
+        await self._append_until_stored(self._status(agent, "completed", text, details))
 
     async def _report_failure(self, agent: RunningAgent, outcome: Outcome, tokens: int) -> None:
         details: dict[str, Any] = {
@@ -501,9 +511,35 @@ class Spawner:
         }
         if tokens:
             details["tokens"] = tokens
-        await self.log.append(
+        await self._append_until_stored(
             self._status(agent, "failed", (outcome.error or "failed")[:500], details)
         )
+
+    async def _append_until_stored(
+        self, event: Event, *, expect_last_seq: int | None = None
+    ) -> None:
+        """Append an agent's end (its last status, its terminate) however long the log refuses:
+        full or unreachable, the same event is tried again (stored once), because a parent
+        waits for it. A lost guard (ConcurrencyConflict) is the caller's to handle."""
+        pause = TERMINATE_RETRY_S
+        while True:
+            try:
+                await self.log.append(event, expect_last_seq=expect_last_seq)
+            except ConcurrencyConflict:
+                raise
+            except LogError as exc:
+                TERMINATE_RETRIES.inc()
+                log.warning(
+                    "%s: %s not appended, retrying in %gs: %s",
+                    event.agent_id,
+                    event.type,
+                    pause,
+                    exc,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, TERMINATE_RETRY_MAX_S)
+            else:
+                return
 
     async def _terminate(
         self,
@@ -520,22 +556,20 @@ class Spawner:
         if truncated:
             artifact_id, error = await self._store_result(agent, summary, error)
         runtime_s = time.monotonic() - agent.started_at if agent.started_at else 0.0
+        end = TerminateEvent(
+            event_id=new_id(),
+            agent_id=spawn.agent_id,
+            session_id=spawn.session_id,
+            tree_id=agent.tree_id,
+            timestamp=datetime.now(UTC),
+            causation_id=spawn.event_id,
+            reason=reason,
+            result=ResultSummary(summary=text, artifact=artifact_id, truncated=truncated),
+            error=error,
+            usage=Usage(tokens=tokens, runtime_s=round(runtime_s, 6)),
+        )
         try:
-            await self.log.append(
-                TerminateEvent(
-                    event_id=new_id(),
-                    agent_id=spawn.agent_id,
-                    session_id=spawn.session_id,
-                    tree_id=agent.tree_id,
-                    timestamp=datetime.now(UTC),
-                    causation_id=spawn.event_id,
-                    reason=reason,
-                    result=ResultSummary(summary=text, artifact=artifact_id, truncated=truncated),
-                    error=error,
-                    usage=Usage(tokens=tokens, runtime_s=round(runtime_s, 6)),
-                ),
-                expect_last_seq=agent.terminate_guard,
-            )
+            await self._append_until_stored(end, expect_last_seq=agent.terminate_guard)
         except ConcurrencyConflict:
             log.info("%s was already terminated", spawn.agent_id)
 
