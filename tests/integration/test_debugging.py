@@ -104,7 +104,9 @@ def test_replay_of_a_subtree_and_of_a_window(nats_server: NatsEndpoint, demo_tre
     sub_window = replay_items(url, "--agent", demo_tree, "--subtree", "--from", str(start))
     assert [i["seq"] for i in sub_window] == [i["seq"] for i in subtree if i["seq"] >= start]
     assert_one_line_error(grove(url, "replay", "--subtree"), "--subtree needs --agent")
-    assert_one_line_error(grove(url, "tree", "--at", "yesterday-ish"), "neither a sequence number nor")
+    assert_one_line_error(
+        grove(url, "tree", "--at", "yesterday-ish"), "neither a sequence number nor"
+    )
 
 
 def test_export_and_import_reproduce_the_same_tree_elsewhere(

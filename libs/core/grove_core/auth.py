@@ -70,7 +70,8 @@ class LocalAuth:
         if stored.exists():
             passwords: dict[str, str] = json.loads(stored.read_text())
         else:
-            passwords = {user: secrets.token_urlsafe(24) for user in USERS}
+            # A letter first: nats-server reads a value that starts like a number as one.
+            passwords = {user: "p" + secrets.token_hex(24) for user in USERS}
             _private_write(stored, json.dumps(passwords, indent=2))
         auth = cls(folder, passwords)
         _private_write(folder / "accounts.conf", accounts_conf())

@@ -44,7 +44,7 @@ def upcast(data: RawEvent) -> RawEvent:
     version = data.get("schema_version", target)
     if isinstance(version, bool) or not isinstance(version, int):
         # 2.0 or "2" would pass validation as 2 and skip the upcasters: refuse them here.
-        raise ValueError(f"schema_version must be a whole number, not {version!r}")
+        raise TypeError(f"schema_version must be a whole number, not {version!r}")
     if version < 1:
         return data
     if version > target:
