@@ -27,8 +27,13 @@ GROVE = [sys.executable, "-m", "agentgrove.cli"]
 
 
 def grove_env(url: str | None) -> dict[str, str]:
-    """The environment of a `grove` run: the URL given, no data folder inherited."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GROVE_NATS_URL", "GROVE_DATA_DIR")}
+    """The environment of a `grove` run: the URL given, no data folder or model endpoint
+    inherited."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GROVE_NATS_URL", "GROVE_DATA_DIR") and not k.startswith("OPENAI_")
+    }
     if url is not None:
         env["GROVE_NATS_URL"] = url
     return env
@@ -207,7 +212,7 @@ def test_bad_flags_are_one_line(tmp_path: Path) -> None:
 
 def spawn_demo_tree(url: str) -> str:
     """Run the demo's root agent (three children) to its end; its id."""
-    result = grove(url, "spawn", "demo", "--entrypoint", "agentgrove.demo:root", "--wait")
+    result = grove(url, "spawn", "demo", "--entrypoint", "tests.three_children:root", "--wait")
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()[0]
 
@@ -290,15 +295,24 @@ def test_demo_against_a_running_stack_prints_every_result(
 ) -> None:
     make_stack()
 
-    result = grove(None, "demo", "--nats-url", nats_server.url, timeout=50)
+    result = grove(None, "demo", "--nats-url", nats_server.url, "--yes", timeout=90)
 
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "-- tree at seq" in out
+    assert "asks: The report is long." in out
+    assert "answered automatically" in out
     results = out.split("results:", 1)[1].splitlines()
     assert sum(" completed: " in line for line in results) == 4
-    assert "distinct words" in out
+    assert "Searched" in out
+    assert "(truncated=True)" in out
+    assert "as artifact" in out
     assert f"grove --nats-url {nats_server.url} replay --from-seq" in out
+
+
+def test_demo_llm_without_a_key_says_what_it_needs(nats_server: NatsEndpoint) -> None:
+    env_free = grove(None, "demo", "--nats-url", nats_server.url, "--llm")
+    assert_one_line_error(env_free, "OPENAI_API_KEY")
 
 
 def test_up_runs_the_stack_until_sigterm(

@@ -27,7 +27,7 @@ def demo_tree(nats_server: NatsEndpoint, make_stack: StackFactory) -> str:
     """The demonstration tree, run to its end; returns the root's id."""
     make_stack()
     result = grove(
-        nats_server.url, "spawn", "demo", "--entrypoint", "agentgrove.demo:root", "--wait"
+        nats_server.url, "spawn", "demo", "--entrypoint", "tests.three_children:root", "--wait"
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()[0]

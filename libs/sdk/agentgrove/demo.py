@@ -1,101 +1,122 @@
-"""The demonstration tree that `grove demo` runs.
+"""The demonstration tree that `grove demo` runs, offline and without an API key.
 
-A root `python` agent hands two short texts to three children: two `python` agents (a word
-count and a summary) and one `command` agent (a Python one-liner counting distinct words, the
-task on its stdin). Each child reports a checkpoint and returns a result; the root waits for the
-three and returns their combined result.
+A root `python` agent delegates with the `task` tool to two built-in `explore` subagents that
+search AgentGrove's own documentation (one about replaying the log, one about metrics), at the
+same time. It then hands their findings to a `writer` child, which asks a person through the
+human-in-the-loop path how detailed its report should be, and writes a report longer than its
+return budget: the parent receives the summary cut to the budget and the handle of the full
+report, which it reads from the artifact-store. The root returns what it learned.
+
+With `grove demo --llm` the root runs on the `openai` runtime instead, with the same tools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
-import sys
-from collections import Counter
+from pathlib import Path
 
 from agentgrove.context import AgentContext
-from agentgrove.results import AgentResult
+from agentgrove.profiles import SubAgentResult
 
 ROOT_ENTRYPOINT = "agentgrove.demo:root"
-ROOT_TASK = "Analyse two short texts with three helper agents and combine their findings"
-
-TEXTS = (
-    "A grove is a small group of trees. In AgentGrove every agent is a tree node: it may "
-    "spawn children, wait for them, and report what they found. The log remembers every "
-    "fact, so the whole tree can be replayed later.",
-    "Events are facts written once. Services fold them into state and can always rebuild it. "
-    "A person debugging a run reads the same log. Nothing is lost when a process dies.",
+ROOT_TASK = (
+    "Find out what AgentGrove's own documentation says about replaying the log and about its "
+    "metrics, with explore subagents, and have a writer turn the findings into a report"
 )
-
-#: How long the root waits for each child.
-CHILD_TIMEOUT_S = 30.0
-#: A short pause in each child, so that the running states can be seen in the tree.
-WORK_PAUSE_S = 0.5
-
-_WORD = re.compile(r"[A-Za-z']+")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-_DISTINCT_WORDS = (
-    "import re, sys; text = sys.stdin.read().partition(':')[2]; "
-    'words = {w.lower() for w in re.findall(r"[A-Za-z\']+", text)}; '
-    "print(len(words), 'distinct words')"
+#: The prompt of the root when it runs on the `openai` runtime (`grove demo --llm`).
+LLM_ROOT_TASK = (
+    "You manage a small team of subagents. Use the `task` tool twice, with subagent_type "
+    "'explore', to search the documentation folder named below: once for how the event log is "
+    "replayed, exported and imported, once for the Prometheus metrics. Then answer with three "
+    "sentences on what AgentGrove offers for debugging a run.\n"
 )
+WRITER_ENTRYPOINT = "agentgrove.demo:writer"
+#: The writer's return budget: its report is longer, so it comes back as summary + artifact.
+WRITER_BUDGET = 600
+#: How long the root waits for the writer (it waits for a person's answer, too).
+WRITER_TIMEOUT_S = 600.0
+QUESTION = "The report is long. Include every finding with its file and line?"
+OPTIONS = ["yes", "no (the first five of each)"]
+
+_WORKSPACE_LINE = re.compile(r"(?im)^\s*workspace:\s*(\S+)\s*$")
 
 
-def text_of(task: str) -> str:
-    """The text a child works on: what follows the first colon of its task."""
-    return task.partition(":")[2].strip()
+def documentation_folder() -> Path:
+    """AgentGrove's own docs folder (beside the README of a checkout), else the current one."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "docs").is_dir() and (parent / "README.md").is_file():
+            return parent / "docs"
+    return Path.cwd()
 
 
-async def count_words(ctx: AgentContext) -> str:
-    """Count the words of the text in the task, and name the most common long ones."""
-    words = _WORD.findall(text_of(ctx.task))
-    await ctx.checkpoint(f"read {len(words)} words")
-    await asyncio.sleep(WORK_PAUSE_S)
-    common = Counter(w.lower() for w in words if len(w) > 3).most_common(3)
-    return f"{len(words)} words; most common: " + ", ".join(w for w, _ in common)
+def root_task(workspace: Path) -> str:
+    """The root's task: what to do, and where the documentation is."""
+    return f"{ROOT_TASK}\nworkspace: {workspace}"
 
 
-async def summarize(ctx: AgentContext) -> str:
-    """Summarize the text in the task as its sentence count and its first sentence."""
-    sentences = [s for s in _SENTENCE_END.split(text_of(ctx.task)) if s]
-    await ctx.checkpoint(f"split into {len(sentences)} sentences")
-    await asyncio.sleep(WORK_PAUSE_S)
-    first = sentences[0] if sentences else ""
-    return f"{len(sentences)} sentences, starting: {first}"
+def workspace_in(task: str) -> Path:
+    """The `workspace: PATH` line of a task (default: the documentation folder)."""
+    found = _WORKSPACE_LINE.search(task)
+    return Path(found.group(1)) if found else documentation_folder()
 
 
-def distinct_words_command() -> list[str]:
-    """The argv of the command agent: this Python counting distinct words on its stdin."""
-    return [sys.executable, "-c", _DISTINCT_WORDS]
-
-
-def _combine(names: list[str], results: list[AgentResult]) -> str:
-    failed = [
-        f"{name} {r.reason} ({r.error})" for name, r in zip(names, results, strict=True) if not r.ok
-    ]
-    if failed:
-        raise RuntimeError("children did not complete: " + "; ".join(failed))
-    return "; ".join(f"{name}: {r.summary.strip()}" for name, r in zip(names, results, strict=True))
+def findings_of(result: SubAgentResult) -> list[str]:
+    """The finding lines of an explore report (`- path:line: text`)."""
+    return [line[2:] for line in result.content.splitlines() if line.startswith("- ")]
 
 
 async def root(ctx: AgentContext) -> str:
-    """Spawn the three children, wait for them, and return their combined result."""
-    await ctx.checkpoint("spawning three children")
-    children = {
-        "word count": await ctx.spawn_agent(
-            f"Count the words: {TEXTS[0]}", entrypoint="agentgrove.demo:count_words"
+    """Delegate to two explorers at once, have the writer report, read the full report."""
+    workspace = workspace_in(ctx.task)
+    await ctx.checkpoint(f"delegating to two explore subagents in {workspace}")
+    replay, metrics = await asyncio.gather(
+        ctx.delegate(
+            "replaying the event log",
+            f"workspace: {workspace}\nreplay export import incident",
+            "explore",
         ),
-        "summary": await ctx.spawn_agent(
-            f"Summarize: {TEXTS[1]}", entrypoint="agentgrove.demo:summarize"
+        ctx.delegate(
+            "metrics and the dashboard",
+            f"workspace: {workspace}\nmetrics prometheus grafana dashboard",
+            "explore",
         ),
-        "distinct words": await ctx.spawn_agent(
-            f"Count the distinct words: {TEXTS[0]} {TEXTS[1]}",
-            runtime="command",
-            command=distinct_words_command(),
-        ),
-    }
-    await ctx.checkpoint(f"waiting for {len(children)} children")
-    results = await asyncio.gather(
-        *(ctx.wait(child, CHILD_TIMEOUT_S) for child in children.values())
     )
-    return _combine(list(children), list(results))
+    found = {"replay": findings_of(replay), "metrics": findings_of(metrics)}
+    await ctx.checkpoint(
+        f"explorers found {len(found['replay'])} and {len(found['metrics'])} passages; "
+        "handing them to the writer"
+    )
+    writer = await ctx.spawn_agent(
+        json.dumps(found), entrypoint=WRITER_ENTRYPOINT, return_budget=WRITER_BUDGET
+    )
+    report = await ctx.wait(writer, timeout=WRITER_TIMEOUT_S)
+    if not report.ok:
+        raise RuntimeError(f"the writer {report.reason}: {report.error}")
+    if report.artifact is None:
+        return f"report ({len(report.summary)} characters): {report.summary}"
+    full = (await ctx.get_artifact(report.artifact)).decode()
+    await ctx.discovery(f"the full report is artifact {report.artifact}")
+    return (
+        f"explore found {len(found['replay'])} passages on replay and "
+        f"{len(found['metrics'])} on metrics; the writer's report came back as "
+        f"{len(report.summary)} characters of summary (truncated={report.truncated}) and the "
+        f"full {len(full)} characters as artifact {report.artifact}"
+    )
+
+
+async def writer(ctx: AgentContext) -> str:
+    """Ask a person how detailed to be, then write the report from the findings."""
+    found: dict[str, list[str]] = json.loads(ctx.task)
+    await ctx.blocked("waiting for a person: how detailed should the report be?")
+    answer = await ctx.ask_human(QUESTION, options=OPTIONS)
+    everything = answer.strip().lower().startswith("y")
+    await ctx.checkpoint(f"writing the report ({'every finding' if everything else 'a digest'})")
+    lines = ["# What AgentGrove's documentation says", ""]
+    for topic, passages in found.items():
+        chosen = passages if everything else passages[:5]
+        lines += [f"## {topic} ({len(chosen)} of {len(passages)} passages)", ""]
+        lines += [f"- {passage}" for passage in chosen] or ["- (nothing found)"]
+        lines.append("")
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import os
 import shlex
 import shutil
 import signal
@@ -50,13 +51,15 @@ from agentgrove.cli.common import (
     tip,
 )
 from agentgrove.client import UnknownAgent, build_config
-from agentgrove.demo import ROOT_ENTRYPOINT, ROOT_TASK
+from agentgrove.demo import LLM_ROOT_TASK, ROOT_ENTRYPOINT, documentation_folder, root_task
 from agentgrove.stack import Stack, StackError
 from grove_core.auth import redact
 from grove_core.log import EventLog, LogError, Recorded
 from grove_core.natsserver import NatsServerError, free_port
 from grove_core.tree import AgentNode, TreeState, evolve
 from grove_events import (
+    AgentConfig,
+    HitlEvent,
     TerminateEvent,
     agent_wildcard,
 )
@@ -65,7 +68,9 @@ DEFAULT_NATS_PORT = 4222
 #: How often `grove up` looks for services that died.
 SUPERVISE_INTERVAL_S = 1.0
 #: How long `grove demo` waits for its root agent to end.
-DEMO_TIMEOUT_S = 45.0
+DEMO_TIMEOUT_S = 90.0
+#: How long when a person answers the demo's question at the terminal.
+DEMO_INTERACTIVE_TIMEOUT_S = 900.0
 #: How often `grove demo` looks whether the tree changed.
 REFRESH_S = 0.1
 
@@ -268,10 +273,12 @@ def ignore_interrupts() -> None:
 
 @dataclass
 class TreeWatch:
-    """The agent tree folded from the log as it grows, and the newest sequence folded."""
+    """The agent tree folded from the log as it grows, the newest sequence folded, and the
+    questions for a person its agents asked that are still to be answered."""
 
     state: TreeState = field(default_factory=TreeState)
     seq: int = 0
+    questions: list[HitlEvent] = field(default_factory=list)
 
 
 async def follow_tree(log: EventLog, watch: TreeWatch, root_id: str, from_seq: int) -> None:
@@ -279,6 +286,11 @@ async def follow_tree(log: EventLog, watch: TreeWatch, root_id: str, from_seq: i
     async for record, item in records(log, from_seq, follow=True):
         if isinstance(item, Recorded):
             watch.state = evolve(watch.state, item)
+            event = item.event
+            if isinstance(event, HitlEvent) and event.action == "request":
+                node = watch.state.agents.get(event.agent_id)
+                if node is not None and node.tree_id == root_id:
+                    watch.questions.append(event)
         watch.seq = record.seq
         root = watch.state.agents.get(root_id)
         if root is not None and root.ended:
@@ -286,8 +298,25 @@ async def follow_tree(log: EventLog, watch: TreeWatch, root_id: str, from_seq: i
     raise CliError("the log stopped before the demo ended")
 
 
-async def watch_tree(conn: Connection, root_id: str, from_seq: int) -> TreeState:
-    """Follow the root's tree to its end, printing a fresh snapshot whenever it changed."""
+async def answer_question(conn: Connection, question: HitlEvent, auto: bool) -> None:
+    """Answer a question of the demo tree: at the terminal, or with its first option."""
+    asker = short_id(question.agent_id)
+    options = f" [{' / '.join(question.options)}]" if question.options else ""
+    out(f"?? {asker} asks: {question.prompt}{options}")
+    if auto:
+        answer = question.options[0] if question.options else "yes"
+        out(f"   answered automatically (--yes, or no terminal): {answer}")
+    else:
+        typed = await asyncio.to_thread(input, "   your answer> ")
+        answer = typed.strip() or (question.options[0] if question.options else "yes")
+    await conn.client.answer(question.request_id, answer)
+
+
+async def watch_tree(
+    conn: Connection, root_id: str, from_seq: int, *, auto_answer: bool = True
+) -> TreeState:
+    """Follow the root's tree to its end, printing a fresh snapshot whenever it changed and
+    answering the questions its agents ask."""
     watch = TreeWatch()
     folding = asyncio.ensure_future(follow_tree(conn.log, watch, root_id, from_seq))
     shown = ""
@@ -300,6 +329,8 @@ async def watch_tree(conn: Connection, root_id: str, from_seq: int) -> TreeState
                 out(f"-- tree at seq {watch.seq} --")
                 out(text)
                 shown = text
+            while watch.questions:
+                await answer_question(conn, watch.questions.pop(0), auto_answer)
             if folding.done():
                 folding.result()
                 return watch.state
@@ -328,31 +359,49 @@ def print_replay_hint(grove: str, root: AgentNode, note: str | None) -> None:
     out(f"see its tree:     {grove} tree --agent {root.agent_id}")
 
 
-async def run_demo_on(url: str) -> tuple[TreeState, str]:
+def demo_root(llm: bool) -> tuple[str, AgentConfig]:
+    """The demo root's task and config: the python root, or with `llm` the openai one."""
+    docs = documentation_folder()
+    if not llm:
+        return root_task(docs), build_config("python", entrypoint=ROOT_ENTRYPOINT)
+    if not os.environ.get("OPENAI_API_KEY"):
+        raise CliError(
+            "grove demo --llm needs OPENAI_API_KEY (and OPENAI_BASE_URL for an endpoint other "
+            "than OpenAI's) in the environment of the stack's spawners"
+        )
+    return f"{LLM_ROOT_TASK}workspace: {docs}", build_config(
+        "openai", model=os.environ.get("OPENAI_MODEL") or None
+    )
+
+
+async def run_demo_on(
+    url: str, *, llm: bool = False, auto_answer: bool = True
+) -> tuple[TreeState, str]:
     """Spawn the demonstration root on the stack at `url` and watch it to its end."""
+    task, config = demo_root(llm)
     async with connect(url) as conn:
         start = await tip(conn.log) + 1
-        config = build_config("python", entrypoint=ROOT_ENTRYPOINT)
-        root_id = await conn.client.spawn(ROOT_TASK, config)
+        root_id = await conn.client.spawn(task, config)
         out(f"grove: spawned the demo root agent {root_id}")
+        limit = DEMO_TIMEOUT_S if auto_answer else DEMO_INTERACTIVE_TIMEOUT_S
         try:
             state = await conn.guard(
-                asyncio.wait_for(watch_tree(conn, root_id, start), DEMO_TIMEOUT_S)
+                asyncio.wait_for(watch_tree(conn, root_id, start, auto_answer=auto_answer), limit)
             )
         except TimeoutError:
             raise CliError(
-                f"the demo did not end within {DEMO_TIMEOUT_S:g}s; are the services running "
-                "(`grove up`)?"
+                f"the demo did not end within {limit:g}s; are the services running (`grove up`)?"
             ) from None
     return state, root_id
 
 
-def demo_result(url: str, grove: str | None, note: str | None) -> int:
+def demo_result(args: argparse.Namespace, url: str, grove: str | None, note: str | None) -> int:
     """Run the demo against `url` and print its results; 0 when the root completed.
 
     `grove` is the command line prefix that reaches this log later (None: it will be gone).
     """
-    state, root_id = asyncio.run(run_demo_on(url))
+    auto = args.yes or not sys.stdin.isatty()
+    state, root_id = asyncio.run(run_demo_on(url, llm=args.llm, auto_answer=auto))
     print_results(state, root_id)
     root = state.agents[root_id]
     if grove is not None:
@@ -391,7 +440,7 @@ def run_demo(args: argparse.Namespace) -> int:
             grove += f" --nats-url {args.nats_url}"
         elif args.data_dir:
             grove += f" --data-dir {args.data_dir}"
-        return demo_result(url, grove, None)
+        return demo_result(args, url, grove, None)
     if args.nats_url:
         raise CliError(f"cannot reach NATS at {url}; start the stack with `grove up`")
     with embedded_stack(args.data_dir) as stack:
@@ -400,9 +449,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 "(the demo's stack and log are removed when it ends; "
                 "`grove demo --data-dir DIR` keeps them for `grove replay`)"
             )
-            return demo_result(stack.caller_url, None, note)
+            return demo_result(args, stack.caller_url, None, note)
         note = f"(first start the stack again: grove up --data-dir {args.data_dir})"
-        return demo_result(stack.caller_url, f"grove --data-dir {args.data_dir}", note)
+        return demo_result(args, stack.caller_url, f"grove --data-dir {args.data_dir}", note)
 
 
 # -- the parser -----------------------------------------------------------------------------------
@@ -488,6 +537,17 @@ def _add_reading(commands: Subcommands, common: Parser) -> None:
 def _add_demo(commands: Subcommands, common: Parser) -> None:
     demo = commands.add_parser(
         "demo", parents=[common], help="run the demonstration tree (starts a stack if needed)"
+    )
+    demo.add_argument(
+        "--yes",
+        action="store_true",
+        help="answer the demo's question automatically (also when there is no terminal)",
+    )
+    demo.add_argument(
+        "--llm",
+        action="store_true",
+        help="run the root on the openai runtime (needs OPENAI_API_KEY; OPENAI_BASE_URL, "
+        "OPENAI_MODEL optional)",
     )
     demo.set_defaults(handler=run_demo)
 
