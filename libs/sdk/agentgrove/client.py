@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import ssl
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 
 from agentgrove.artifacts import Artifacts
 from agentgrove.results import AgentResult
 from agentgrove.routing import Routing
-from grove_core.log import EventLog, LogError
+from grove_core.log import EventLog, LogError, Recorded
 from grove_core.settings import DEFAULT_NATS_URL
+from grove_core.tree import TreeState
+from grove_core.tree import evolve as evolve_tree
 from grove_events import (
     AgentConfig,
     ControlEvent,
@@ -30,6 +36,8 @@ from grove_events import (
     rpc_subject,
     subject_for,
 )
+
+T = TypeVar("T")
 
 URL_FILE = "nats.url"
 #: Seconds a request to a service may take before the client gives up.
@@ -284,3 +292,87 @@ class GroveClient:
         if not isinstance(event, TerminateEvent):
             raise LogError(f"unexpected event on the terminate subject of {agent_id}")
         return AgentResult.from_event(event)
+
+    async def summary(self, agent_id: str) -> dict[str, Any]:
+        """An agent's state, task, last status, children, pending questions and usage."""
+        return await self.routing.summary(agent_id)
+
+    async def hierarchy(self, agent_id: str) -> dict[str, Any]:
+        """The agent's tree from its root, nested, and the agent's path in it."""
+        return await self.routing.hierarchy(agent_id)
+
+    async def watch(
+        self,
+        tree_id: str | None = None,
+        *,
+        agent_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        from_seq: int | None = None,
+    ) -> AsyncIterator[Recorded]:
+        """Events as they are appended, forever (stop iterating to stop watching).
+
+        `tree_id` (a root agent's id) keeps the events of that tree's agents, `agent_id` those
+        of one agent, `kinds` those of some kinds (spawn, status...). From `from_seq`, or from
+        the next event appended. Membership of a tree is folded from the log, so a child that
+        names no tree of its own is counted in its parent's.
+        """
+        if tree_id is not None and agent_id is not None:
+            raise ValueError("watch one tree (tree_id) or one agent (agent_id), not both")
+        wanted = None if kinds is None else set(kinds)
+        start = from_seq if from_seq is not None else await self.log.last_seq() + 1
+        tree = TreeState()
+        subjects = agent_wildcard(agent_id) if agent_id is not None else "grove.>"
+        async for item in self.log.events(1 if tree_id else start, subjects=subjects, follow=True):
+            if not isinstance(item, Recorded):
+                continue
+            if tree_id is not None:
+                tree = evolve_tree(tree, item)
+                node = tree.agents.get(item.event.agent_id)
+                if node is None or node.tree_id != tree_id:
+                    continue
+            if item.seq < start or (wanted is not None and item.event.type not in wanted):
+                continue
+            yield item
+
+
+class SyncGroveClient:
+    """GroveClient for scripts without asyncio: the same methods, called without `await`.
+
+    An event loop runs in a thread of its own for the client's life; `close()` (or leaving a
+    `with` block) stops it. `watch` is not offered here: it needs an async iterator.
+    """
+
+    def __init__(self, url: str | None = None, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._client: GroveClient = self._call(GroveClient.connect(url, **options))
+
+    def _call(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        if name.startswith("_") or name == "watch" or not inspect.iscoroutinefunction(method):
+            raise AttributeError(f"SyncGroveClient has no method {name!r}")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(method(*args, **kwargs))
+
+        call.__doc__ = method.__doc__
+        return call
+
+    def close(self) -> None:
+        """Close the connection and stop the client's event loop."""
+        try:
+            self._call(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> SyncGroveClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
