@@ -18,7 +18,7 @@ import pytest
 from agentgrove import GroveClient, build_config
 from agentgrove.routing import AlreadyAnswered, UnknownRequest
 from grove_core.log import Recorded
-from grove_events import HitlEvent, StatusEvent, TerminateEvent
+from grove_events import HitlEvent, StatusEvent, TerminateEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = pytest.mark.integration
@@ -136,6 +136,32 @@ async def test_unknown_and_answered_requests_are_clear_errors(
     with pytest.raises(AlreadyAnswered, match="already answered by caller: 'left'"):
         await client.answer(request["request_id"], "right")
     assert (await client.wait(asker, timeout=30)).summary == "answer: left"
+
+
+async def test_an_agent_of_another_tree_cannot_answer_a_question(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    asker = await client.spawn("once?", agent("asker"))
+    stranger = await client.spawn("30", build_config("python", entrypoint="tests.agents:sleeper"))
+    request = await next_request(client, asker)
+    intruder = GroveClient(client.log, identity=stranger)
+
+    with pytest.raises(PermissionError, match=f"cannot answer request {request['request_id']}"):
+        await intruder.answer(request["request_id"], "from outside")
+    forged = HitlEvent(
+        event_id=new_id(),
+        agent_id=asker,
+        action="response",
+        request_id=request["request_id"],
+        answer="forged",
+        by=stranger,
+    )
+    await client.log.append(forged)  # straight to the log: the router does not take it
+    assert (await client.routing.request(request["request_id"]))["pending"]
+    await client.answer(request["request_id"], "left")
+    assert (await client.wait(asker, timeout=30)).summary == "answer: left"
+    await client.stop(stranger)
 
 
 async def test_a_child_s_permissions_are_its_parent_s_intersected_with_its_own(

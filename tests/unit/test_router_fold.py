@@ -64,7 +64,7 @@ class RoutingLog(Log):
             )
         )
 
-    def answer(self, agent_id: str, request_id: str, answer: str) -> Recorded:
+    def answer(self, agent_id: str, request_id: str, answer: str, by: str = "caller") -> Recorded:
         return self.add(
             HitlEvent(
                 event_id=new_id(),
@@ -73,7 +73,7 @@ class RoutingLog(Log):
                 action="response",
                 request_id=request_id,
                 answer=answer,
-                by="caller",
+                by=by,
             )
         )
 
@@ -315,3 +315,18 @@ def test_a_replayed_event_changes_nothing() -> None:
     before = (list(state.routes["root"].subscriptions), len(state.inbox("kid")))
     state = evolve(state, Recorded(spawn.seq, spawn.subject, spawn.event))
     assert (state.routes["root"].subscriptions, len(state.inbox("kid"))) == before
+
+
+def test_an_agent_of_another_tree_cannot_answer_and_nor_can_a_misaddressed_answer() -> None:
+    log = running_tree()
+    log.spawn_with("stranger")
+    log.status("stranger", "started")
+    log.ask("grandkid", "q1", agent_path=["root", "kid", "grandkid"])
+    log.answer("grandkid", "q1", "from outside", by="stranger")
+    log.answer("kid", "q1", "to the wrong agent")
+    state = fold(log)
+    assert [r.request_id for r in state.pending_requests()] == ["q1"]
+    assert inbox_types(state, "grandkid") == []
+    log.answer("grandkid", "q1", "from the manager", by="kid")
+    state = fold(log)
+    assert state.requests["q1"].answer == "from the manager"

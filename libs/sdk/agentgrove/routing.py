@@ -8,6 +8,7 @@ names a stream sequence; the reader fetches the event itself from the stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import json
 from collections.abc import AsyncGenerator, Callable
@@ -269,6 +270,15 @@ class Routing:
         found = await self.request(request_id)
         if not found["pending"]:
             raise AlreadyAnswered(request_id, found["answer"], found["by"])
+        answerer = by or self.identity
+        if answerer != "caller":
+            with contextlib.suppress(RouterError):
+                tree = (await self.summary(answerer)).get("tree_id")
+                if tree is not None and tree != found["tree_id"]:
+                    raise PermissionError(
+                        f"agent {answerer} is in tree {tree}; it cannot answer request "
+                        f"{request_id} of tree {found['tree_id']}"
+                    )
         event = HitlEvent(
             event_id=new_id(),
             agent_id=found["agent_id"],

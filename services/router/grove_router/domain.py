@@ -380,7 +380,7 @@ def _on_hitl(state: RouterState, event: HitlEvent, seq: int) -> None:
         _route(state, event, seq, addresses, also=ancestors)
         return
     request = state.requests.get(event.request_id)
-    if request is None or not request.pending:
+    if request is None or not request.pending or forged_answer(state, event, request):
         return
     request.answer = event.answer
     request.by = event.by
@@ -397,6 +397,20 @@ def _on_hitl(state: RouterState, event: HitlEvent, seq: int) -> None:
         route.granted.append(request.capability)
         state.touch(f"route:{request.agent_id}")
     _route(state, event, seq, [f"agent:{request.agent_id}"])
+
+
+def forged_answer(state: RouterState, event: HitlEvent, request: HitlRequest) -> str | None:
+    """Why an answer cannot be taken (None when it can): it was published about another agent
+    than the asker, or an agent of another tree gave it. A person (a caller) may answer any."""
+    if event.agent_id != request.agent_id:
+        return f"answer to {request.request_id} was published about {event.agent_id}, not the asker"
+    answerer = state.tree.agents.get(event.by) if event.by else None
+    if answerer is not None and answerer.tree_id != request.tree_id:
+        return (
+            f"agent {event.by} of tree {answerer.tree_id} may not answer a question of "
+            f"tree {request.tree_id}"
+        )
+    return None
 
 
 def _message_addresses(state: RouterState, event: MessageEvent) -> list[str]:
