@@ -36,6 +36,7 @@ from agentgrove.stack import Stack
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
 from grove_core.log import EventLog, LogError, Recorded
+from grove_core.natsserver import LocalNatsCluster, LocalNatsServer
 from grove_core.projection import FoldState, ProjectionStore
 from grove_events import (
     AgentConfig,
@@ -77,6 +78,8 @@ class Plan:
     nats_restarts: int
     drain: float
     seed: int
+    #: On a three-node nats-server cluster (stream replicas 3), killing one node at a time.
+    cluster: bool = False
 
     @property
     def per_tree(self) -> int:
@@ -171,8 +174,23 @@ async def steer(
         await append_retrying(log, event, disruptions, time.monotonic() + 60)
 
 
-async def disrupt(stack: Stack, plan: Plan, disruptions: Disruptions, rng: random.Random) -> None:
-    """SIGKILL a random service every `kill_every` seconds; restart nats-server at set times."""
+def nats_nodes(stack: Stack, cluster: LocalNatsCluster | None) -> list[LocalNatsServer]:
+    """The nats-servers a run may kill: the cluster's nodes, or the stack's own server."""
+    if cluster is not None:
+        return cluster.nodes
+    assert stack.nats is not None
+    return [stack.nats]
+
+
+async def disrupt(
+    stack: Stack,
+    plan: Plan,
+    disruptions: Disruptions,
+    rng: random.Random,
+    cluster: LocalNatsCluster | None = None,
+) -> None:
+    """SIGKILL a random service every `kill_every` seconds; at set times kill nats-server (on
+    a cluster, one node) and bring it back."""
     start = time.monotonic()
     nats_at = [
         plan.duration * (i + 1) / (plan.nats_restarts + 1) for i in range(plan.nats_restarts)
@@ -180,10 +198,10 @@ async def disrupt(stack: Stack, plan: Plan, disruptions: Disruptions, rng: rando
     while (elapsed := time.monotonic() - start) < plan.duration:
         if nats_at and elapsed >= nats_at[0]:
             nats_at.pop(0)
-            assert stack.nats is not None
-            await asyncio.to_thread(stack.nats.kill)
-            await asyncio.sleep(rng.uniform(0.5, 2.0))
-            await asyncio.to_thread(stack.nats.start)
+            node = rng.choice(nats_nodes(stack, cluster))
+            await asyncio.to_thread(node.kill)
+            await asyncio.sleep(rng.uniform(0.5, 2.0) * (3 if cluster else 1))
+            await asyncio.to_thread(node.start)
             disruptions.nats_restarts += 1
         name = rng.choice(KILLABLE)
         service = stack.services[name]
@@ -334,19 +352,25 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         },
     )
     began = time.monotonic()
+    cluster = None
+    if plan.cluster:
+        cluster = LocalNatsCluster(folder / "nats-cluster")
+        await asyncio.to_thread(cluster.start)
+        stack.nats_url, stack.stream_replicas = cluster.url, 3
     await asyncio.to_thread(stack.start)
     disruptions = Disruptions()
     roots: list[str] = []
     try:
         log = await EventLog.connect(stack.url, name="chaos-driver", error_cb=_quiet)
         try:
-            print(f"chaos: {plan.trees} trees of {plan.per_tree} agents, {plan.duration:.0f}s of "
-                  f"kills every ~{plan.kill_every:g}s, {plan.nats_restarts} nats-server restarts",
-                  flush=True)  # fmt: skip
+            where = "a three-node nats-server cluster" if cluster else "one nats-server"
+            print(f"chaos: {plan.trees} trees of {plan.per_tree} agents on {where}, "
+                  f"{plan.duration:.0f}s of kills every ~{plan.kill_every:g}s, "
+                  f"{plan.nats_restarts} nats-server restarts", flush=True)  # fmt: skip
             await asyncio.gather(
                 spawn_trees(log, plan, roots, disruptions, rng),
                 steer(log, plan, roots, disruptions, rng),
-                disrupt(stack, plan, disruptions, rng),
+                disrupt(stack, plan, disruptions, rng, cluster),
             )
             facts = await wait_until_finished(log, time.monotonic() + plan.drain)
             await wait_for_consumer(log, time.monotonic() + CONSUMER_DRAIN_S)
@@ -363,6 +387,8 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         ]
     finally:
         await asyncio.to_thread(stack.stop)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
     twice_ended = sorted(a for a, n in facts.terminates.items() if n > 1)
     twice_started = sorted(a for a, n in facts.starts.items() if n > 1)
     ends = Counter(r.event.reason for r in facts.records if isinstance(r.event, TerminateEvent))
@@ -380,10 +406,15 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         "ends": dict(ends),
         "kills": dict(disruptions.kills),
         "nats_restarts": disruptions.nats_restarts,
+        "cluster": plan.cluster,
         "stops": disruptions.stops,
         "forks": disruptions.forks,
         "append_retries": disruptions.append_retries,
         "unfinished": len(facts.unfinished),
+        "unfinished_histories": {
+            agent: [describe(r) for r in facts.records if r.event.agent_id == agent]
+            for agent in sorted(facts.unfinished)[:3]
+        },
         "ended_twice": twice_ended[:5],
         "started_twice": twice_started[:5],
         "projection_mismatches": mismatches,
@@ -395,6 +426,14 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
     if out is not None:
         await asyncio.to_thread(out.write_text, json.dumps(summary, indent=2) + "\n")
     return 0 if all(checks.values()) else 1
+
+
+def describe(recorded: Recorded) -> str:
+    """One event of an agent's history, in a few words."""
+    event = recorded.event
+    detail = getattr(event, "status_type", None) or getattr(event, "reason", None) or ""
+    detail = detail or getattr(event, "action", None) or ""
+    return f"{recorded.seq} {event.type} {detail}".strip()
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -409,6 +448,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"  {problem}")
     if summary["unfinished"]:
         print(f"  agents without a terminate: {summary['unfinished']}")
+        for agent, history in summary["unfinished_histories"].items():
+            print(f"    {agent}: {', '.join(history)}")
     for name, ok in summary["checks"].items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}", flush=True)
 
@@ -416,7 +457,12 @@ def print_summary(summary: dict[str, Any]) -> None:
 def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
     """The plan from the command line."""
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, default=5000, help="about this many agents")
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=5800,
+        help="agents planned (stops and lost spawners cut some trees short)",
+    )
     parser.add_argument("--depth", type=int, default=2, help="levels below each root")
     parser.add_argument("--fanout", type=int, default=3, help="children of each manager")
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of disruption")
@@ -425,6 +471,9 @@ def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to let agents end")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="a short run for CI")
+    parser.add_argument(
+        "--cluster", action="store_true", help="on a three-node nats-server cluster (replicas 3)"
+    )
     parser.add_argument("--dir", type=Path, help="keep the run's data here (default: temporary)")
     parser.add_argument("--out", type=Path, help="write the summary as JSON here")
     args = parser.parse_args(argv)
@@ -440,6 +489,7 @@ def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
         nats_restarts=args.nats_restarts,
         drain=args.drain,
         seed=args.seed,
+        cluster=args.cluster,
     )
     return plan, args.dir, args.out
 

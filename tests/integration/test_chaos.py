@@ -1,5 +1,6 @@
 """The short chaos run CI does: agent trees while services are SIGKILLed and nats-server
-restarts once; every promise must hold at the end (`make chaos` runs the long one)."""
+restarts once; every promise must hold at the end (`make chaos` runs the long one, and
+`make chaos CHAOS_ARGS=--cluster` the same on a three-node cluster)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,4 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     assert summary["agents"] >= 250
     assert sum(summary["kills"].values()) >= 5
     assert summary["nats_restarts"] == 1
+    assert summary["cluster"] is False

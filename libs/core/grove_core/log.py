@@ -40,6 +40,8 @@ from grove_events import (
 
 log = logging.getLogger(__name__)
 
+#: How long a consumer keeps asking while JetStream says it is unavailable (leader elections).
+UNAVAILABLE_RETRY_S = 30.0
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -463,15 +465,7 @@ class EventLog:
         async def on_message(msg: Msg) -> None:
             queue.put_nowait(msg)
 
-        sub = await self.js.subscribe(
-            filters[0],
-            cb=on_message,
-            stream=self.stream,
-            ordered_consumer=True,
-            config=config,
-            pending_msgs_limit=-1,
-            pending_bytes_limit=-1,
-        )
+        sub = await self._ordered_subscription(filters[0], on_message, config)
         try:
             drained = 0
             while True:
@@ -499,6 +493,30 @@ class EventLog:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _ordered_subscription(
+        self,
+        subject: str,
+        on_message: Callable[[Msg], Awaitable[None]],
+        config: js_api.ConsumerConfig,
+    ) -> JetStreamContext.PushSubscription:
+        """An ordered consumer, asked for again while JetStream elects the stream's leader."""
+        deadline = asyncio.get_running_loop().time() + UNAVAILABLE_RETRY_S
+        while True:
+            try:
+                return await self.js.subscribe(
+                    subject,
+                    cb=on_message,
+                    stream=self.stream,
+                    ordered_consumer=True,
+                    config=config,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
+                )
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def events(
         self, from_seq: int = 1, **kwargs: Any
@@ -575,9 +593,19 @@ class DurableConsumer:
             deliver_policy=js_api.DeliverPolicy.ALL,
             max_ack_pending=10_000,
         )
-        self._sub = await self.log.js.pull_subscribe(
-            self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
-        )
+        deadline = asyncio.get_running_loop().time() + UNAVAILABLE_RETRY_S
+        while True:
+            try:
+                self._sub = await self.log.js.pull_subscribe(
+                    self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
+                )
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                # JetStream is electing the stream's leader (a new or failing-over cluster).
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+            else:
+                return
 
     async def close(self) -> None:
         """Drop the pull subscription (the durable consumer stays on the server).
@@ -620,8 +648,10 @@ class DurableConsumer:
                 except (
                     nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionReconnectingError,
+                    nats.errors.NoRespondersError,
+                    nats.js.errors.ServiceUnavailableError,
                 ):
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(0.5)  # reconnecting, or a stream leader being elected
                     continue
                 for msg in msgs:
                     delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,8 @@ class LocalNatsServer:
     log_file: Path | None = None
     #: Extra environment of the server process (the passwords its config file refers to).
     env: dict[str, str] = field(default_factory=dict)
+    #: More command line options (a cluster node's name and routes).
+    extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -73,6 +76,7 @@ class LocalNatsServer:
             "-js",
             "-sd", str(self.data_dir / "jetstream"),
         ]  # fmt: skip
+        args += self.extra_args
         config_file = self._sync_always_config() if self.sync_always else self.config_file
         if config_file is not None:
             args += ["-c", str(config_file)]
@@ -136,6 +140,76 @@ class LocalNatsServer:
             self.process.wait(10)
 
     def __enter__(self) -> LocalNatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class LocalNatsCluster:
+    """A JetStream cluster of `size` nats-servers on 127.0.0.1 (production runs three), each
+    with its own data folder, for tests and chaos runs of what clustering promises."""
+
+    data_dir: Path
+    size: int = 3
+    name: str = "grove"
+    nodes: list[LocalNatsServer] = field(default_factory=list, init=False)
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma separated (clients fail over between them)."""
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout: float = 20.0) -> LocalNatsCluster:
+        """Start every node (at once: JetStream waits for a quorum) and wait until each answers."""
+        route_ports = [free_port() for _ in range(self.size)]
+        routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
+        self.nodes = [
+            LocalNatsServer(
+                self.data_dir / f"node-{index}", extra_args=self._node_args(index, port, routes)
+            )
+            for index, port in enumerate(route_ports)
+        ]
+        with ThreadPoolExecutor(max_workers=self.size) as pool:
+            for started in [pool.submit(node.start, timeout) for node in self.nodes]:
+                started.result()
+        self.wait_for_quorum(timeout)
+        return self
+
+    def wait_for_quorum(self, timeout: float = 20.0) -> None:
+        """Wait until every running node's JetStream is healthy (its meta leader elected):
+        before that, JetStream requests time out."""
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            health = f"http://{node.host}:{node.monitor_port}/healthz"
+            while True:
+                with (
+                    contextlib.suppress(OSError),
+                    urllib.request.urlopen(health, timeout=0.5) as resp,
+                ):
+                    if resp.status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise NatsServerError(f"the cluster's JetStream was not healthy in {timeout}s")
+                time.sleep(0.1)
+
+    def _node_args(self, index: int, route_port: int, routes: str) -> list[str]:
+        return [
+            "--server_name", f"{self.name}-{index}",
+            "--cluster_name", self.name,
+            "--cluster", f"nats://127.0.0.1:{route_port}",
+            "--routes", routes,
+        ]  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> LocalNatsCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

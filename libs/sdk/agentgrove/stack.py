@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -18,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
+
 from grove_core.auth import LocalAuth, redact
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
+from grove_events import GROVE_STREAM
 
 #: service name -> module run with `python -m`
 SERVICE_MODULES = {
@@ -29,6 +34,10 @@ SERVICE_MODULES = {
     "artifacts": "grove_artifacts",
     "spawner": "grove_spawner",
 }
+
+
+#: How long the stack retries creating the GROVE stream while JetStream is not ready.
+STREAM_SETUP_TIMEOUT_S = 30.0
 
 
 class StackError(RuntimeError):
@@ -110,6 +119,8 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: Run the nats-server with the per-service users and permissions (`grove up --auth`).
     auth: bool = False
+    #: Replicas of the GROVE stream (3 on a three-node cluster, as in production).
+    stream_replicas: int = 1
     nats: LocalNatsServer | None = field(default=None, init=False)
     local_auth: LocalAuth | None = field(default=None, init=False)
     services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
@@ -161,9 +172,20 @@ class Stack:
 
     async def _ensure_stream(self) -> None:
         url = self.url if self.local_auth is None else self.local_auth.url_for(self.url, "setup")
-        log = await EventLog.connect(url, name="grove-up")
+        definition = dataclasses.replace(GROVE_STREAM, replicas=self.stream_replicas)
+        log = await EventLog.connect(url, name="grove-up", definition=definition)
+        deadline = time.monotonic() + STREAM_SETUP_TIMEOUT_S
         try:
-            await log.ensure_stream()
+            while True:
+                try:
+                    await log.ensure_stream()
+                except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                    # A cluster that has just elected its leader may not take requests yet.
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+                else:
+                    return
         finally:
             await log.close()
 
