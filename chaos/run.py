@@ -352,15 +352,14 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         },
     )
     began = time.monotonic()
-    cluster = None
-    if plan.cluster:
-        cluster = LocalNatsCluster(folder / "nats-cluster")
-        await asyncio.to_thread(cluster.start)
-        stack.nats_url, stack.stream_replicas = cluster.url, 3
-    await asyncio.to_thread(stack.start)
+    cluster = LocalNatsCluster(folder / "nats-cluster") if plan.cluster else None
     disruptions = Disruptions()
     roots: list[str] = []
-    try:
+    try:  # whatever fails, what was started is stopped (finally)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.start)
+            stack.nats_url, stack.stream_replicas = cluster.url, 3
+        await asyncio.to_thread(stack.start)
         log = await EventLog.connect(stack.url, name="chaos-driver", error_cb=_quiet)
         try:
             where = "a three-node nats-server cluster" if cluster else "one nats-server"
