@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agentgrove.stack import Stack
 from grove_core.natsserver import LocalNatsServer, free_port
 from tests.conftest import NatsEndpoint, StackFactory
 from tests.integration.test_cli import assert_one_line_error, grove, tree_json
@@ -23,9 +24,14 @@ def replay_items(url: str, *args: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def demo_tree(nats_server: NatsEndpoint, make_stack: StackFactory) -> str:
-    """The demonstration tree, run to its end; returns the root's id."""
-    make_stack()
+def stack(make_stack: StackFactory) -> Stack:
+    """The services, against the test's nats-server."""
+    return make_stack()
+
+
+@pytest.fixture
+def demo_tree(nats_server: NatsEndpoint, stack: Stack) -> str:
+    """A root with three children, run to its end; returns the root's id."""
     result = grove(
         nats_server.url, "spawn", "demo", "--entrypoint", "tests.three_children:root", "--wait"
     )
@@ -161,3 +167,20 @@ def test_a_damaged_export_file_is_refused_before_anything_is_imported(
 
     assert_one_line_error(result, f"{capture}:2", "not a JSON line")
     assert grove(nats_server.url, "replay").stdout == ""
+
+
+def test_the_tree_now_is_the_router_s_and_folded_here_without_it(
+    nats_server: NatsEndpoint, demo_tree: str, stack: Stack
+) -> None:
+    from_router = grove(nats_server.url, "tree", "--json")
+    assert from_router.returncode == 0, from_router.stderr
+    assert from_router.stderr == ""
+    stack.services["router"].stop()
+
+    folded = grove(nats_server.url, "tree", "--json")
+
+    assert folded.returncode == 0, folded.stderr
+    assert "the router did not answer" in folded.stderr
+    assert json.loads(folded.stdout) == json.loads(from_router.stdout)
+    (root,) = json.loads(folded.stdout)
+    assert root["agent_id"] == demo_tree

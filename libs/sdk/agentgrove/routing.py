@@ -155,6 +155,14 @@ class Routing:
         """`get_hierarchy`: the agent's tree from its root, nested, and the agent's path."""
         return await self._fresh("hierarchy", {"agent_id": agent_id})
 
+    async def tree(self, agent_id: str | None = None) -> list[dict[str, Any]]:
+        """The router's tree projection: the agents of one agent's subtree, or of every tree,
+        as rows of `grove_core.tree.AgentNode`."""
+        request = {} if agent_id is None else {"agent_id": agent_id}
+        answer = await self._fresh("tree", request)
+        rows: list[dict[str, Any]] = answer["agents"]
+        return rows
+
     async def query(
         self, type: str, filter: dict[str, Any] | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from grove_events import EVENT_CLASSES, kind_wildcard, rpc_subject
 from grove_router.service import NAME, Router
 
 #: The request-reply verbs the router answers on `grove.rpc.router.<verb>`.
-VERBS = ("inbox", "summary", "hierarchy", "query", "hitl", "pending", "permissions")
+VERBS = ("inbox", "summary", "hierarchy", "tree", "query", "hitl", "pending", "permissions")
 
 
 def _doc(verb: str) -> str:

@@ -35,6 +35,8 @@ PROJECTION = NAME
 #: Longest long-poll of `inbox`, and longest wait for `after_seq`, in seconds.
 MAX_WAIT_S = 25.0
 MAX_LIMIT = 1000
+#: The most agents one `tree` answer carries (about 300 bytes each).
+MAX_TREE_AGENTS = 2000
 DEFAULT_LIMIT = 100
 
 DELIVERIES = Counter(
@@ -97,6 +99,7 @@ class Router:
             "hitl": self.hitl,
             "pending": self.pending,
             "permissions": self.permissions,
+            "tree": self.tree,
         }
 
     @property
@@ -271,6 +274,25 @@ class Router:
                 if c in self.state.tree.agents
             ]
         return out
+
+    async def tree(self, request: dict[str, Any]) -> Answer:
+        """{agent_id?} -> the agents of that agent's subtree (default: of every tree) as the
+        tree projection keeps them: agent_id, tree_id, parent, task, runtime, state,
+        last_status, summary, error, children, spawn_seq, end_seq, tokens, fork_of."""
+        agent_id = _text(request, "agent_id", required=False)
+        if agent_id is not None and agent_id not in self.state.tree.agents:
+            self._route_of(agent_id)
+        nodes = (
+            self.state.tree.subtree(agent_id)
+            if agent_id is not None
+            else list(self.state.tree.agents.values())
+        )
+        if len(nodes) > MAX_TREE_AGENTS:
+            raise QueryError(
+                f"{len(nodes)} agents are more than one answer holds ({MAX_TREE_AGENTS}); ask "
+                "for one agent's subtree"
+            )
+        return {"agents": [asdict(node) for node in nodes]}
 
     async def hierarchy(self, request: dict[str, Any]) -> Answer:
         """{agent_id, depth?} -> the agent's tree from its root, nested, and the agent's path."""

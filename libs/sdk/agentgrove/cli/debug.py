@@ -20,6 +20,7 @@ from typing import IO, Any
 from agentgrove.cli.common import (
     ALL_SUBJECTS,
     CliError,
+    Connection,
     Item,
     Parser,
     Subcommands,
@@ -41,6 +42,8 @@ from agentgrove.cli.common import (
     tops,
     tree_json,
 )
+from agentgrove.client import UnknownAgent
+from agentgrove.routing import RouterError
 from grove_core.log import EventLog, Recorded
 from grove_core.natsserver import LocalNatsServer
 from grove_core.tree import AgentNode, TreeState, evolve
@@ -120,11 +123,27 @@ async def fold_until(log: EventLog, point: Point | None) -> tuple[TreeState, int
 # -- grove tree --at -------------------------------------------------------------------------------
 
 
+async def current_tree(conn: Connection, agent_id: str | None) -> TreeState:
+    """The tree now, as the router keeps it; folded from the log here when it does not answer."""
+    try:
+        rows = await conn.client.routing.tree(agent_id)
+    except RouterError as exc:
+        if "no agent" in str(exc):
+            raise UnknownAgent(agent_id or "") from None
+        print(f"grove: the router did not answer ({exc}); folding the log", file=sys.stderr)
+        return (await fold_until(conn.log, None))[0]
+    return TreeState.from_rows({row["agent_id"]: row for row in rows})
+
+
 async def show_tree_at(args: argparse.Namespace) -> int:
-    """`grove tree [--at POINT]`: the agent tree, now or as it stood at a point of the log."""
+    """`grove tree [--at POINT]`: the agent tree now (the router's), or as it stood at a point
+    of the log (folded from the log)."""
     async with connect(nats_url(args)) as conn:
         await tip(conn.log)
-        state, last = await fold_until(conn.log, args.at)
+        if args.at is None:
+            state, last = await current_tree(conn, args.agent), 0
+        else:
+            state, last = await fold_until(conn.log, args.at)
     if args.at is not None and last == 0:
         raise CliError(f"the log holds nothing at or before {describe_point(args.at)}")
     nodes = tops(state, args.agent)
