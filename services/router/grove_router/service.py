@@ -159,6 +159,10 @@ class Router:
             answer = await self._dispatch(verb, msg.data)
         except QueryError as exc:
             answer = {"error": str(exc)}
+        except Exception as exc:
+            # Whatever went wrong, the caller gets an answer now rather than a timeout.
+            log.exception("router: %s failed", verb)
+            answer = {"error": f"the router failed on {verb}: {exc!r}; retry"}
         REQUESTS.labels(verb).inc()
         with contextlib.suppress(Exception):
             await msg.respond(json.dumps(answer).encode())
