@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from agentgrove.context import AgentContext
@@ -51,3 +52,24 @@ async def uses_tokens(ctx: AgentContext) -> str:
     await ctx.report_usage(120)
     await ctx.report_usage(30)
     return "used"
+
+
+async def swallows_a_cancel(ctx: AgentContext) -> str:
+    """Waits to be stopped, but the first cancellation is lost on the way (as one racing with
+    a reply is in `asyncio.wait_for` before Python 3.12)."""
+    await ctx.checkpoint("waiting")
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(3600)
+    await asyncio.sleep(3600)
+    return "never"
+
+
+async def deaf(ctx: AgentContext) -> str:
+    """Goes on for six seconds whatever happens (every cancellation swallowed), then returns."""
+    await ctx.checkpoint("not listening")
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 6
+    while (left := until - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(left)
+    return "finished regardless"

@@ -1,7 +1,8 @@
 """The spawner's lifecycle against a real nats-server and the services as processes.
 
 Resume on the same session, fork from a copy of the source's session, the failure report,
-pause and resume of everything, an end decided elsewhere, exactly one start with two spawners,
+pause and resume of everything, an end decided elsewhere, a stop a run does not heed at once,
+exactly one start with two spawners,
 a lost spawner's agents, and the completion a silent agent is given.
 """
 
@@ -284,6 +285,35 @@ async def test_a_terminate_from_elsewhere_ends_the_run_without_a_second_terminat
     records = await events(event_log)
     assert [e.event_id for e in of(records, agent, "terminate")] == [timeout.event_id]
     assert of(records, agent, "status", "stopped") == []
+
+
+async def test_a_stop_ends_a_run_whose_first_cancellation_was_lost(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    await asyncio.to_thread(make_stack)
+    client = GroveClient(event_log)
+    agent = await client.spawn("wait", python_agent("swallows_a_cancel"))
+    await wait_status(event_log, agent, "checkpoint", summary="waiting")
+    await client.stop(agent, "enough")
+    (ended,) = await wait_ends(event_log, agent, timeout=30)
+    assert (ended.reason, ended.result.summary) == ("stopped", "enough")
+
+
+async def test_a_run_that_ignores_its_stop_is_ended_on_the_log_after_the_grace(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    await asyncio.to_thread(make_stack, GROVE_STOP_GRACE="2")
+    client = GroveClient(event_log)
+    agent = await client.spawn("ignore", python_agent("deaf"))
+    await wait_status(event_log, agent, "checkpoint", summary="not listening")
+    await client.stop(agent, "enough")
+    (ended,) = await wait_ends(event_log, agent, timeout=15)
+    assert ended.reason == "stopped"
+    assert ended.result.summary == "enough (its run did not end when cancelled)"
+    await asyncio.sleep(6)  # the run returns meanwhile: nothing more is appended for it
+    records = await events(event_log)
+    assert len(of(records, agent, "terminate")) == 1
+    assert of(records, agent, "status", "completed") == []
 
 
 # -- several spawners ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Self, cast
 
 from nats.aio.msg import Msg
@@ -86,6 +87,12 @@ START_CONCURRENCY = 64
 #: How deep a chain of forks of forks is followed back to its spawn.
 MAX_FORK_DEPTH = 64
 
+#: How long a cancelled run may take to end (its runtime cleaning up: a subprocess terminated
+#: then killed, an ACP turn cancelled) before it is cancelled again.
+RECANCEL_AFTER_S = 8.0
+#: Pause between further cancellations of a run that has not ended.
+RECANCEL_EVERY_S = 1.0
+
 #: First and longest pause between attempts to append an agent's end the log refused.
 TERMINATE_RETRY_S = 0.5
 TERMINATE_RETRY_MAX_S = 5.0
@@ -94,6 +101,10 @@ TERMINATE_RETRIES = Counter(
     "grove_spawner_end_retries_total",
     "Appends of an agent's end (last status, terminate) the log refused or did not "
     "acknowledge, each tried again.",
+)
+RECANCELS = Counter(
+    "grove_spawner_recancels_total",
+    "Cancellations of an agent's run repeated because it had not ended after the last.",
 )
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
@@ -115,6 +126,18 @@ class SpawnerSettings(ServiceSettings):
         lt=30,
         description="Seconds of silence after which a peer spawner is lost "
         "(GROVE_SPAWNER_TIMEOUT, under 30).",
+    )
+    workspace: Path = Field(
+        default_factory=Path.cwd,
+        description="The directory agents work in: a command's or ACP agent's working "
+        "directory, and the bound of the files and terminals an ACP agent is served "
+        "(GROVE_WORKSPACE; default: the spawner's working directory).",
+    )
+    stop_grace: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a stopped agent's run may go on ignoring its cancellation before "
+        "its end is appended regardless (GROVE_STOP_GRACE).",
     )
 
     @model_validator(mode="after")
@@ -159,6 +182,10 @@ class RunningAgent:
     #: The agent appended `completed` or `failed` itself (seen on the log).
     reported_end: bool = False
     started_at: float = 0.0
+    #: Cancels the run again until it ends (see `Spawner._cancel`).
+    canceller: asyncio.Task[None] | None = None
+    #: The run ignored cancellation past the grace; its end was appended without it.
+    abandoned: bool = False
 
 
 def cut_to_budget(text: str, budget: int) -> tuple[str, bool]:
@@ -190,6 +217,8 @@ class Spawner:
         sessions: SessionStore,
         heartbeat_interval: float = 2.0,
         spawner_timeout: float = 15.0,
+        stop_grace: float = 30.0,
+        workspace: Path | None = None,
     ) -> None:
         self.log = event_log
         self.spawner_id = spawner_id
@@ -197,6 +226,8 @@ class Spawner:
         self.sessions = sessions
         self.heartbeat_interval = heartbeat_interval
         self.spawner_timeout = spawner_timeout
+        self.stop_grace = stop_grace
+        self.workspace = workspace or Path.cwd()
         self.running: dict[str, RunningAgent] = {}
         #: Whether a `pause_all` is in force (no `resume_all` after it yet).
         self.paused = False
@@ -409,6 +440,7 @@ class Spawner:
                 },
                 start=agent.start,
                 message=agent.message,
+                workspace=self.workspace,
             )
             agent.run = run
             if self.paused:
@@ -422,7 +454,7 @@ class Spawner:
             else:
                 outcome = await runtime.run(run)
         except asyncio.CancelledError:
-            self.running.pop(spawn.agent_id, None)
+            self._forget(agent)
             if not agent.ended_elsewhere:
                 tokens = context.tokens if context is not None else agent.tokens_before
                 await self._terminate(
@@ -433,7 +465,10 @@ class Spawner:
             log.exception("runtime crashed for %s", spawn.agent_id)
             outcome = Outcome(completed=False, error=f"runtime error: {exc!r}")
         finally:
-            self.running.pop(spawn.agent_id, None)
+            self._forget(agent)
+        if agent.abandoned:
+            log.warning("%s: its abandoned run ended at last; its end was appended", spawn.agent_id)
+            return
         tokens = max(outcome.tokens, context.tokens if context is not None else 0)
         if tokens > agent.tokens_before:
             metrics.TOKENS_USED.labels(spawn.config.runtime).inc(tokens - agent.tokens_before)
@@ -445,6 +480,11 @@ class Spawner:
             metrics.RUNTIME_ERRORS.labels(spawn.config.runtime).inc()
             await self._report_failure(agent, outcome, tokens)
             await self._terminate(agent, "failed", error=outcome.error, tokens=tokens)
+
+    def _forget(self, agent: RunningAgent) -> None:
+        """No longer count this instance as running (a newer one of the agent may be)."""
+        if self.running.get(agent.spawn.agent_id) is agent:
+            del self.running[agent.spawn.agent_id]
 
     async def _open_session(self, agent: RunningAgent) -> StoredSession:
         spawn = agent.spawn
@@ -626,16 +666,59 @@ class Spawner:
                     "%s ended elsewhere (%s); cancelling its run", event.agent_id, event.reason
                 )
                 agent.ended_elsewhere = True
-                if agent.task is not None:
-                    agent.task.cancel()
+                self._cancel(agent)
 
     def _stop(self, control: ControlEvent) -> None:
         agent = self.running.get(control.agent_id)
         if agent is None or agent.stop_reason is not None:
             return
         agent.stop_reason = control.reason or "stopped"
-        if agent.task is not None:
-            agent.task.cancel()
+        self._cancel(agent)
+
+    def _cancel(self, agent: RunningAgent) -> None:
+        """Cancel the agent's run, and make sure it ends.
+
+        One cancellation is not always enough: `asyncio.wait_for` before Python 3.12 (nats-py's
+        request uses it) drops a cancellation that arrives together with the result it waits
+        for, and agent code may catch one. A run still going after a cleanup's time is
+        cancelled again, every second; after `stop_grace` its end is appended regardless.
+        """
+        task = agent.task
+        if task is None or task.done():
+            return
+        task.cancel()
+        if agent.canceller is None:
+            agent.canceller = asyncio.create_task(
+                self._insist_on_cancel(agent, task), name=f"cancel-{agent.spawn.agent_id}"
+            )
+
+    async def _insist_on_cancel(self, agent: RunningAgent, task: asyncio.Task[None]) -> None:
+        agent_id = agent.spawn.agent_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stop_grace
+        wait = RECANCEL_AFTER_S
+        while True:
+            done, _ = await asyncio.wait([task], timeout=min(wait, deadline - loop.time()))
+            if done:
+                return
+            if loop.time() >= deadline:
+                break
+            log.warning("%s: its run did not end when cancelled; cancelling it again", agent_id)
+            RECANCELS.inc()
+            task.cancel()
+            wait = RECANCEL_EVERY_S
+        log.error(
+            "%s: its run ignored cancellation for %gs; appending its end regardless",
+            agent_id,
+            self.stop_grace,
+        )
+        agent.abandoned = True
+        self._forget(agent)
+        if not agent.ended_elsewhere:
+            reason = agent.stop_reason or "stopped"
+            await self._terminate(
+                agent, "stopped", summary=f"{reason} (its run did not end when cancelled)"
+            )
 
     async def _pause(self, agent: RunningAgent, summary: str, by: str | None = None) -> None:
         if agent.run is None or not agent.run.pause():
@@ -787,6 +870,8 @@ async def setup(service: Service) -> None:
         sessions=sessions,
         heartbeat_interval=settings.heartbeat_interval,
         spawner_timeout=settings.spawner_timeout,
+        stop_grace=settings.stop_grace,
+        workspace=settings.workspace,
     )
     service.ready_checks.append(spawner.runner.caught_up.is_set)
     service.spawn(spawner.heartbeat(), "spawner-heartbeat")
