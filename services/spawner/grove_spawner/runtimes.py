@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from agentgrove.context import AgentContext, AgentSession, StartKind
@@ -59,6 +60,9 @@ class AgentRun:
     env: dict[str, str]
     start: StartKind = "spawn"
     message: str | None = None
+    #: The directory the agent works in: its process's working directory, and for an ACP
+    #: agent the bound of the files and terminals it is served.
+    workspace: Path = field(default_factory=Path.cwd)
     paused: bool = False
     process: asyncio.subprocess.Process | None = field(default=None, repr=False)
 
@@ -188,6 +192,7 @@ class CommandRuntime:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=child_env,
+                cwd=run.workspace,
                 start_new_session=True,
             )
         except OSError as exc:
