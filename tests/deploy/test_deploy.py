@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 import grove_core.metrics
+import grove_core.rpc
 from grove_core.config import load_config
 from grove_core.log import EventLog
 from grove_core.natsserver import find_binary
@@ -354,6 +355,7 @@ def registered_metrics() -> dict[str, set[str]]:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
     assert grove_core.metrics
+    grove_core.rpc.prometheus_middleware("test")  # FastStream's families, as a service's server
     names: dict[str, set[str]] = {}
     collectors = prometheus_client.REGISTRY._collector_to_names  # the registry's own index
     for collector in list(collectors):
@@ -419,6 +421,11 @@ def test_dashboard_queries_only_metrics_defined_by_agentgrove() -> None:
         "grove_tokens_used_total",
     }  # fmt: skip
     assert core <= used, f"panels missing for {core - used}"
+    faststream = {
+        "faststream_received_messages_total",
+        "faststream_received_processed_messages_duration_seconds_bucket",
+    }
+    assert faststream <= used, f"panels missing for {faststream - used}"
 
 
 def test_grafana_provisioning_points_at_the_dashboard(compose_config: dict[str, Any]) -> None:

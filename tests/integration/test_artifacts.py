@@ -57,10 +57,12 @@ class RunningStore:
         self.task = asyncio.create_task(self.store.runner.run())
         await asyncio.wait_for(self.store.runner.caught_up.wait(), 20)
         await self.store.sweep()
-        await self.store.subscribe()
+        await self.store.rpc.start(self.url)
         return self.store
 
     async def stop(self) -> None:
+        if self.store is not None:
+            await self.store.rpc.close()
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)

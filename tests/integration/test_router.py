@@ -34,16 +34,19 @@ DRAINER = build_config("python", entrypoint="tests.routing_agents:sleeps_then_dr
 
 
 @pytest.fixture
-async def router(event_log: EventLog, tmp_path: Path) -> AsyncIterator[Router]:
+async def router(
+    event_log: EventLog, nats_server: NatsEndpoint, tmp_path: Path
+) -> AsyncIterator[Router]:
     """The router in this process, on its own database, answering queries."""
     store = ProjectionStore(f"sqlite:///{tmp_path / 'router.db'}")
     service = Router(event_log, store)
     task = asyncio.create_task(service.runner.run())
     await asyncio.wait_for(service.runner.caught_up.wait(), 20)
-    await service.subscribe()
+    await service.rpc.start(nats_server.url)
     try:
         yield service
     finally:
+        await service.rpc.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         store.close()

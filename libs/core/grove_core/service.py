@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grove_core.log import EventLog
+from grove_core.rpc import RpcServer
 from grove_core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,12 @@ class Service:
         )
         await self.log.wait_for_stream()
         return self.log
+
+    async def serve_rpc(self, server: RpcServer) -> None:
+        """Answer the server's verbs (through its own connection, with this service's
+        credentials) until the service stops."""
+        await server.start(self.settings.nats_url, **nats_options(self.settings))
+        self.on_stop.append(server.close)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run a task for the life of the service; if it dies, the service stops (and exits 1)."""

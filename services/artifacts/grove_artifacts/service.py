@@ -40,7 +40,6 @@ import binascii
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import re
 import tempfile
@@ -53,7 +52,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nats.aio.msg import Msg
 from prometheus_client import Counter as Metric
 from prometheus_client import Gauge
 
@@ -62,9 +60,10 @@ from grove_artifacts.domain import ArtifactEntry, ArtifactIndex, evolve
 from grove_core.config import ArtifactLimits, load_config
 from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
-from grove_events import ArtifactEvent, new_id, rpc_subject
+from grove_events import ArtifactEvent, new_id
 from grove_events.envelope import TOKEN_PATTERN
 
 log = logging.getLogger(__name__)
@@ -89,9 +88,14 @@ ARTIFACTS = Gauge("grove_artifacts", "Live artifacts.")
 REFUSED = Metric(
     "grove_artifact_requests_refused_total", "Artifact requests refused, by reason.", ["reason"]
 )
-REQUESTS = Metric("grove_artifact_requests_total", "Artifact requests answered.", ["verb"])
 
 Answer = dict[str, Any]
+
+
+def _count_refusal(exc: Exception) -> None:
+    """Count a refused request by its reason (a blob store error: `blob`)."""
+    reason = "blob" if isinstance(exc, BlobError) else getattr(exc, "reason", "refused")
+    REFUSED.labels(reason).inc()
 
 
 class Refused(ValueError):
@@ -200,7 +204,6 @@ class ArtifactStore:
         self._blob_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
-        self._tasks: set[asyncio.Task[None]] = set()
         self.verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Answer]]] = {
             "put": self.put,
             "put_chunk": self.put_chunk,
@@ -209,6 +212,13 @@ class ArtifactStore:
             "list": self.list,
             "delete": self.delete,
         }
+        self.rpc = RpcServer(
+            NAME,
+            self.verbs,
+            wait_applied=self.wait_applied,
+            refusals=(Refused, BlobError),
+            on_refused=_count_refusal,
+        )
 
     @property
     def state(self) -> ArtifactIndex:
@@ -248,46 +258,6 @@ class ArtifactStore:
                 await asyncio.wait_for(self._progress.wait(), remaining)
 
     # -- serving -----------------------------------------------------------------------------
-
-    async def subscribe(self) -> None:
-        """Answer every verb, and drop uploads left idle."""
-        for verb in self.verbs:
-            await self.log.nc.subscribe(rpc_subject(NAME, verb), cb=self._on_request)
-
-    async def _on_request(self, msg: Msg) -> None:
-        # Each request runs on its own task: a large put must not hold up the others.
-        task = asyncio.create_task(self._answer(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, msg: Msg) -> None:
-        verb = msg.subject.rsplit(".", 1)[-1]
-        try:
-            answer = await self._dispatch(verb, msg.data)
-        except Refused as exc:
-            REFUSED.labels(exc.reason).inc()
-            answer = {"error": str(exc)}
-        except BlobError as exc:
-            REFUSED.labels("blob").inc()
-            answer = {"error": str(exc)}
-        except Exception as exc:
-            log.exception("artifacts: %s failed", verb)
-            REFUSED.labels("internal").inc()
-            answer = {"error": f"the artifact-store failed on {verb}: {exc!r}; retry"}
-        REQUESTS.labels(verb).inc()
-        with contextlib.suppress(Exception):
-            await msg.respond(json.dumps(answer).encode())
-
-    async def _dispatch(self, verb: str, data: bytes) -> Answer:
-        try:
-            request = json.loads(data or b"{}")
-        except json.JSONDecodeError:
-            raise Refused("bad_request", "the request must be JSON") from None
-        if not isinstance(request, dict):
-            raise Refused("bad_request", "the request must be a JSON object")
-        if request.get("after_seq") is not None:
-            await self.wait_applied(_count(request, "after_seq"))
-        return await self.verbs[verb](request)
 
     @property
     def piece(self) -> int:
@@ -622,7 +592,7 @@ async def setup(service: Service) -> None:
     if removed:
         log.info("removed %s blobs no artifact refers to", removed)
     service.spawn(store.drop_idle_uploads(), "artifacts-uploads")
-    await store.subscribe()
+    await service.serve_rpc(store.rpc)
 
 
 def main() -> None:

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field
 
@@ -19,6 +17,7 @@ from grove_core import metrics
 from grove_core.config import load_config
 from grove_core.log import Append, ConcurrencyConflict, EventLog, LogError, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import (
@@ -277,20 +276,15 @@ class Governor:
             expect_last_seq=expect,
         )
 
-    async def serve_status(self, msg: Msg) -> None:
+    async def status(self, request: dict[str, Any]) -> dict[str, Any]:
         """`grove.rpc.governor.status`: {"agent_id"?} -> the resource status."""
-        agent_id = None
-        try:
-            request = json.loads(msg.data or b"{}")
-            if isinstance(request, dict) and isinstance(request.get("agent_id"), str):
-                agent_id = request["agent_id"]
-        except json.JSONDecodeError:
-            await msg.respond(json.dumps({"error": "request must be JSON"}).encode())
-            return
+        agent_id = request.get("agent_id")
+        if not isinstance(agent_id, str):
+            agent_id = None
         answer = resource_status(self.state, self.limits, agent_id, time.time())
         if agent_id is not None and "self" not in answer:
             answer["error"] = f"unknown agent {agent_id!r}"
-        await msg.respond(json.dumps(answer).encode())
+        return answer
 
 
 async def setup(service: Service) -> None:
@@ -305,7 +299,7 @@ async def setup(service: Service) -> None:
     service.spawn(governor.tick(settings.tick_interval), "governor-clock")
     service.spawn(governor.react(), "governor-react")
     await governor.runner.caught_up.wait()
-    await service.log.nc.subscribe(STATUS_SUBJECT, cb=governor.serve_status)
+    await service.serve_rpc(RpcServer(NAME, {"status": governor.status}))
 
 
 def main() -> None:

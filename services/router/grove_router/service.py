@@ -1,8 +1,8 @@
 """The router's application layer: fold the log into routes and inboxes, answer queries.
 
-Queries are request-reply on `grove.rpc.router.<verb>`, JSON in and out. A request may carry
-`after_seq`: the router answers once it has folded the log at least that far (so a caller who
-just appended an event sees it), or says it is behind. `inbox` long-polls: with `wait`, it
+Queries are request-reply on `grove.rpc.router.<verb>`, JSON in and out (`grove_core.rpc`). A
+request may carry `after_seq`: the router answers once it has folded the log at least that far
+(so a caller who just appended an event sees it), or says it is behind. `inbox` long-polls: with `wait`, it
 answers as soon as something is delivered after the cursor, or when the wait is over.
 """
 
@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from nats.aio.msg import Msg
 from prometheus_client import Counter, Gauge
 
 from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_core.tree import AgentNode
-from grove_events import rpc_subject
 from grove_router.domain import HitlRequest, RouterState, evolve
 
 log = logging.getLogger(__name__)
@@ -42,7 +40,6 @@ DEFAULT_LIMIT = 100
 DELIVERIES = Counter(
     "grove_router_inbox_wakeups_total", "Inboxes that grew, counted once per event folded."
 )
-REQUESTS = Counter("grove_router_requests_total", "Router queries answered.", ["verb"])
 HITL_PENDING = Gauge("grove_hitl_pending", "Questions for a human not answered yet.")
 
 Answer = dict[str, Any]
@@ -90,7 +87,6 @@ class Router:
         self.seen_seq = 0
         self._inbox_waiters: dict[str, asyncio.Event] = {}
         self._progress = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
         self.verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Answer]]] = {
             "inbox": self.inbox,
             "summary": self.summary,
@@ -101,6 +97,12 @@ class Router:
             "permissions": self.permissions,
             "tree": self.tree,
         }
+        self.rpc = RpcServer(
+            NAME,
+            self.verbs,
+            wait_applied=lambda seq: self.wait_applied(seq, MAX_WAIT_S),
+            refusals=(QueryError,),
+        )
 
     @property
     def state(self) -> RouterState:
@@ -141,45 +143,6 @@ class Router:
                 await asyncio.wait_for(self._progress.wait(), remaining)
 
     # -- serving -----------------------------------------------------------------------------
-
-    async def subscribe(self) -> None:
-        """Answer `grove.rpc.router.<verb>` for every verb."""
-        for verb in self.verbs:
-            await self.log.nc.subscribe(rpc_subject(NAME, verb), cb=self._on_request)
-
-    async def _on_request(self, msg: Msg) -> None:
-        # Each request runs on its own task: a long-poll must not hold up the others.
-        task = asyncio.create_task(self._answer(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, msg: Msg) -> None:
-        verb = msg.subject.rsplit(".", 1)[-1]
-        try:
-            answer = await self._dispatch(verb, msg.data)
-        except QueryError as exc:
-            answer = {"error": str(exc)}
-        except Exception as exc:
-            # Whatever went wrong, the caller gets an answer now rather than a timeout.
-            log.exception("router: %s failed", verb)
-            answer = {"error": f"the router failed on {verb}: {exc!r}; retry"}
-        REQUESTS.labels(verb).inc()
-        with contextlib.suppress(Exception):
-            await msg.respond(json.dumps(answer).encode())
-
-    async def _dispatch(self, verb: str, data: bytes) -> Answer:
-        try:
-            request = json.loads(data or b"{}")
-        except json.JSONDecodeError:
-            raise QueryError("the request must be JSON") from None
-        if not isinstance(request, dict):
-            raise QueryError("the request must be a JSON object")
-        after = request.get("after_seq")
-        if after is not None:
-            if not isinstance(after, int):
-                raise QueryError("'after_seq' must be a whole number")
-            await self.wait_applied(after, MAX_WAIT_S)
-        return await self.verbs[verb](request)
 
     def _route_of(self, agent_id: str) -> None:
         if agent_id not in self.state.routes:
@@ -379,7 +342,7 @@ async def setup(service: Service) -> None:
     service.ready_checks.append(router.runner.caught_up.is_set)
     service.spawn(router.runner.run(), "router-projection")
     await router.runner.caught_up.wait()
-    await router.subscribe()
+    await service.serve_rpc(router.rpc)
 
 
 def main() -> None:
