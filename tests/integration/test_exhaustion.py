@@ -1,11 +1,16 @@
-"""Exhaustion: a full log and a NATS server gone for a while end in clear errors that tell the
-producer to retry, lose nothing, and the services go on once the resource is back."""
+"""Exhaustion: a full log, a database that refuses writes and a NATS server gone for a while
+end in clear errors (producers told to retry, services reported not ready), lose nothing, and
+the services go on once the resource is back."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
+import urllib.error
+import urllib.request
 
+import aiohttp
 import nats.js.errors
 import pytest
 
@@ -13,7 +18,14 @@ from agentgrove.client import GroveClient
 from grove_core.log import EventLog, LogError, stream_config
 from grove_events import GROVE_STREAM
 from tests.conftest import NatsEndpoint, StackFactory
-from tests.integration.test_recovery import ROOMY, python_agent, wait_ended, wait_status
+from tests.integration.test_recovery import (
+    ROOMY,
+    metric_total,
+    projection_of,
+    python_agent,
+    wait_ended,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -90,3 +102,65 @@ async def test_services_wait_out_a_nats_outage_and_go_on(
         await log.close()
     assert ended[agent].reason == "completed"
     await asyncio.to_thread(stack.wait_ready, 30.0)
+
+
+def readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def wait_readyz(port: int, status: int, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if await asyncio.to_thread(readyz, port) == status:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def test_a_database_that_refuses_writes_makes_the_service_unready_and_loses_nothing(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    stack = await asyncio.to_thread(make_stack, config=ROOMY)
+    client = GroveClient(event_log)
+    router = stack.services["router"]
+    before = await client.spawn("before the lock", python_agent("quick"))
+    await wait_ended(event_log, [before], timeout=30)
+
+    # Another writer holds the router's database: every write of its projection now fails.
+    lock = sqlite3.connect(stack.data_dir / "router.db", isolation_level=None, timeout=1)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        during = await client.spawn("while the database is locked", python_agent("quick"))
+        await wait_ended(event_log, [during], timeout=30)
+        await wait_readyz(router.http_port, 503)
+        async with aiohttp.ClientSession() as session:
+            errors = await metric_total(
+                session,
+                router.http_port,
+                "grove_projection_write_errors_total",
+                projection="router",
+            )
+        assert errors >= 1
+        # The fold goes on in memory: the router still answers, up to date.
+        summary = await client.routing.summary(during)
+        assert summary["state"] == "completed"
+        assert projection_of(stack.data_dir, "governor")[0] > 0, "only the router is locked out"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+
+    await wait_readyz(router.http_port, 200)
+    tip = await event_log.last_seq()
+    async with asyncio.timeout(20):
+        while True:
+            if projection_of(stack.data_dir, "router")[0] >= tip:
+                break
+            await asyncio.sleep(0.2)
+    # What was folded while the database was locked is on disk: a restart starts from it.
+    await asyncio.to_thread(router.kill)
+    await asyncio.to_thread(stack.restart, "router")
+    assert (await client.routing.summary(during))["state"] == "completed"
+    assert (await client.routing.summary(before))["state"] == "completed"

@@ -69,3 +69,21 @@ def test_a_failed_write_keeps_its_rows_for_the_next(tmp_path: Path) -> None:
     runner.flush()
     assert store.load("counters") == (2, {"a": {"value": 1}, "b": {"value": 2}})
     assert runner.flushed_seq == 2
+
+
+async def test_a_refused_write_marks_the_runner_unwritable_until_one_succeeds(
+    tmp_path: Path,
+) -> None:
+    store = FailingOnce(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = runner_on(store)
+    runner.state.set("a", 1)
+    runner.applied_seq = 1
+    assert await runner.write() is False
+    assert not runner.writable
+    assert runner.write_error == "OSError: database is locked"
+    assert runner.flushed_seq == 0
+    runner.state.set("b", 2)
+    runner.applied_seq = 2
+    assert await runner.write() is True
+    assert runner.writable
+    assert store.load("counters") == (2, {"a": {"value": 1}, "b": {"value": 2}})

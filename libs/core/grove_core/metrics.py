@@ -15,6 +15,11 @@ PROJECTION_LAG = Gauge(
     "Events in the log not yet applied by a projection.",
     ["projection"],
 )
+PROJECTION_WRITE_ERRORS = Counter(
+    "grove_projection_write_errors_total",
+    "Writes of a projection the database refused (each retried).",
+    ["projection"],
+)
 REPLAY_SECONDS = Gauge(
     "grove_replay_duration_seconds",
     "Time the last start-up replay took to catch up.",

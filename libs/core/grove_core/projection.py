@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 import sqlalchemy.event
+import sqlalchemy.exc
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -40,6 +41,9 @@ from grove_core.log import EventLog, Recorded, decode_record, is_deadletter
 from grove_events import InvalidEvent
 
 log = logging.getLogger(__name__)
+
+#: Seconds a write waits for a locked SQLite database before it fails.
+SQLITE_BUSY_TIMEOUT_S = 5.0
 
 _meta = MetaData()
 checkpoints = Table(
@@ -123,7 +127,8 @@ class ProjectionStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
+        # A locked database fails a write after this long (it is retried); see `write`.
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S} if url.startswith("sqlite") else {}
         self.engine: Engine = create_engine(url, connect_args=connect_args)
         if url.startswith("sqlite"):
             sqlalchemy.event.listen(self.engine, "connect", _sqlite_normal_sync)
@@ -219,8 +224,12 @@ class ProjectionRunner(Generic[S]):
         self.lag = 0
         self.state: S = state_type.from_rows({})
         self._applied_metric = metrics.EVENTS_APPLIED.labels(name)
-        #: Rows taken for a write that failed: written with the next one.
+        #: Rows taken for a write that failed (or is under way): written with the next one.
         self._unsaved: dict[str, dict[str, Any] | None] = {}
+        #: Why the last write failed (None: it succeeded).
+        self.write_error: str | None = None
+        self._write_lock = asyncio.Lock()
+        self._writing: asyncio.Future[None] | None = None
 
     def load(self) -> S:
         """Load state and checkpoint from the store."""
@@ -230,27 +239,82 @@ class ProjectionRunner(Generic[S]):
         return self.state
 
     def flush(self) -> None:
-        """Write what changed since the last flush, with the checkpoint."""
+        """Write what changed since the last flush, with the checkpoint (blocking: for the
+        last write at shutdown, and tests; the running service writes with `write`)."""
         if self.applied_seq == self.flushed_seq:
             return
+        seq = self.applied_seq
         changed = {**self._unsaved, **self.state.take_dirty()}
         try:
-            self.store.save(self.name, self.applied_seq, changed)
+            self.store.save(self.name, seq, changed)
         except BaseException:
             self._unsaved = changed  # written with the next flush, newer changes over them
             raise
+        self._written(seq)
+
+    async def write(self) -> bool:
+        """Write what changed, in a worker thread so the service goes on meanwhile; False
+        when the database refused (the rows are kept for the next write, `write_error` says
+        why and the service reports not ready until a write succeeds)."""
+        async with self._write_lock:
+            if self.applied_seq == self.flushed_seq:
+                return True
+            seq = self.applied_seq
+            changed = {**self._unsaved, **self.state.take_dirty()}
+            self._unsaved = changed  # until it is written
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(self.store.save, self.name, seq, changed)
+            )
+            try:
+                await asyncio.shield(self._writing)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any database failure is reported alike
+                self._write_failed(exc)
+                return False
+            self._written(seq)
+            return True
+
+    def _written(self, seq: int) -> None:
         self._unsaved = {}
-        self.flushed_seq = self.applied_seq
-        metrics.PROJECTION_SEQ.labels(self.name).set(self.applied_seq)
+        self.flushed_seq = seq
+        if self.write_error is not None:
+            log.warning("%s: the database takes writes again (checkpoint %s)", self.name, seq)
+            self.write_error = None
+        metrics.PROJECTION_SEQ.labels(self.name).set(seq)
         metrics.PROJECTION_LAG.labels(self.name).set(self.lag)
 
+    def _write_failed(self, exc: Exception) -> None:
+        metrics.PROJECTION_WRITE_ERRORS.labels(self.name).inc()
+        # The database's own error, without the statement and rows SQLAlchemy adds to it.
+        cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+        reason = f"{cause.__class__.__name__}: {cause}"
+        if self.write_error is None:
+            log.error(
+                "%s: cannot write the projection (%s); folding goes on in memory, the write is "
+                "retried every %gs, and the service reports not ready until it succeeds",
+                self.name,
+                reason,
+                self.flush_interval,
+            )
+        self.write_error = reason
+
+    @property
+    def writable(self) -> bool:
+        """Whether the last write to the database succeeded."""
+        return self.write_error is None
+
+    def ready(self) -> bool:
+        """Caught up with the log, and the database takes writes (the readiness check)."""
+        return self.caught_up.is_set() and self.writable
+
     async def run(self) -> None:
-        """Replay from checkpoint + 1, then follow the log until cancelled (flushing then)."""
+        """Replay from checkpoint + 1, then follow the log until cancelled (writing then)."""
         self.load()
         started = time.perf_counter()
         if await self.log.last_seq() <= self.applied_seq:
             await self._mark_caught_up(started)
-        flusher = asyncio.create_task(self._flush_periodically())
+        flusher = asyncio.create_task(self._write_periodically())
         try:
             async for raw in self.log.read(self.applied_seq + 1, follow=True):
                 if raw.seq <= self.applied_seq:
@@ -270,23 +334,25 @@ class ProjectionRunner(Generic[S]):
                 self.lag = raw.pending
                 if not live and raw.pending == 0:
                     await self._mark_caught_up(started)
-                if self.applied_seq - self.flushed_seq >= self.batch_size:
-                    self.flush()
+                if self.applied_seq - self.flushed_seq >= self.batch_size and self.writable:
+                    await self.write()
         finally:
             flusher.cancel()
-            self.flush()
-
-    async def _flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_interval)
+            if self._writing is not None and not self._writing.done():
+                await asyncio.wait([self._writing])  # never two writes at once
             try:
                 self.flush()
             except Exception:
-                log.exception("%s: could not write the projection; will retry", self.name)
+                log.exception("%s: the last write failed; the log replays it", self.name)
+
+    async def _write_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval)
+            await self.write()
 
     async def _mark_caught_up(self, started: float) -> None:
         metrics.REPLAY_SECONDS.labels(self.name).set(time.perf_counter() - started)
-        self.flush()
+        await self.write()
         self.caught_up.set()
         log.info("%s caught up at seq %s", self.name, self.applied_seq)
         if self.on_caught_up is not None:

@@ -34,6 +34,9 @@ from prometheus_client import REGISTRY, Counter
 from grove_events import rpc_subject
 
 log = logging.getLogger(__name__)
+#: FastStream's own messages (one per task it starts or ends at INFO): warnings and errors only.
+FASTSTREAM_LOG = logging.getLogger(f"{__name__}.faststream")
+FASTSTREAM_LOG.setLevel(logging.WARNING)
 
 #: One verb: the request object in, the answer out.
 Verb = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -166,7 +169,7 @@ class RpcServer:
             security=nats_security(user, password, user_credentials, tls),
             middlewares=[prometheus_middleware(self.service)],
             max_reconnect_attempts=-1,
-            logger=log,
+            logger=FASTSTREAM_LOG,
             log_level=logging.DEBUG,
         )
         for verb in self.verbs:
@@ -175,6 +178,10 @@ class RpcServer:
             )
         await broker.start()
         self.broker = broker
+
+    def is_serving(self) -> bool:
+        """Whether it answers (a readiness check: register it before the server starts)."""
+        return self.broker is not None
 
     async def close(self) -> None:
         """Stop answering and disconnect."""

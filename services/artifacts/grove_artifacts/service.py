@@ -584,7 +584,8 @@ async def setup(service: Service) -> None:
     store = ArtifactStore(
         service.log, ProjectionStore(settings.database_for(NAME)), blobs, limits, staging
     )
-    service.ready_checks.append(store.runner.caught_up.is_set)
+    service.ready_checks.append(store.runner.ready)
+    service.ready_checks.append(store.rpc.is_serving)
     service.spawn(store.runner.run(), "artifacts-projection")
     await store.runner.caught_up.wait()
     store.update_gauges()

@@ -294,12 +294,14 @@ async def setup(service: Service) -> None:
     config = load_config(settings.config_path())
     store = ProjectionStore(settings.database_for(NAME))
     governor = Governor(service.log, store, config.resources, grace_s=settings.timeout_grace)
-    service.ready_checks.append(governor.runner.caught_up.is_set)
+    service.ready_checks.append(governor.runner.ready)
+    rpc = RpcServer(NAME, {"status": governor.status})
+    service.ready_checks.append(rpc.is_serving)
     service.spawn(governor.runner.run(), "governor-projection")
     service.spawn(governor.tick(settings.tick_interval), "governor-clock")
     service.spawn(governor.react(), "governor-react")
     await governor.runner.caught_up.wait()
-    await service.serve_rpc(RpcServer(NAME, {"status": governor.status}))
+    await service.serve_rpc(rpc)
 
 
 def main() -> None:

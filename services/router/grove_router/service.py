@@ -339,7 +339,8 @@ async def setup(service: Service) -> None:
     assert service.log is not None
     store = ProjectionStore(service.settings.database_for(NAME))
     router = Router(service.log, store)
-    service.ready_checks.append(router.runner.caught_up.is_set)
+    service.ready_checks.append(router.runner.ready)
+    service.ready_checks.append(router.rpc.is_serving)
     service.spawn(router.runner.run(), "router-projection")
     await router.runner.caught_up.wait()
     await service.serve_rpc(router.rpc)

@@ -873,7 +873,7 @@ async def setup(service: Service) -> None:
         stop_grace=settings.stop_grace,
         workspace=settings.workspace,
     )
-    service.ready_checks.append(spawner.runner.caught_up.is_set)
+    service.ready_checks.append(spawner.runner.ready)
     service.spawn(spawner.heartbeat(), "spawner-heartbeat")
     service.spawn(spawner.runner.run(), "spawner-projection")
     service.spawn(spawner.watch_peers(), "spawner-peers")
