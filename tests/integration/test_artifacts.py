@@ -51,7 +51,7 @@ class RunningStore:
         self.log = await EventLog.connect(self.url, name="artifacts-under-test")
         staging = self.folder / "uploads"
         staging.mkdir(parents=True, exist_ok=True)
-        blobs = await BlobStore.open(self.log.js)
+        blobs = await BlobStore.open(self.log.js, max_bytes=self.limits.max_store_bytes)
         database = ProjectionStore(f"sqlite:///{self.folder / 'artifacts.db'}")
         self.store = ArtifactStore(self.log, database, blobs, self.limits, staging)
         self.task = asyncio.create_task(self.store.runner.run())
@@ -216,6 +216,32 @@ async def test_limits_per_artifact_and_per_tree_are_refused_clearly(
 def refusals(reason: str) -> float:
     value = REGISTRY.get_sample_value("grove_artifact_requests_refused_total", {"reason": reason})
     return value or 0.0
+
+
+async def test_a_full_object_store_refuses_a_put_clearly_and_keeps_nothing_of_it(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store(max_store_bytes=700_000)
+    assert running.store is not None
+    seq = await spawn(event_log, "root")
+    artifacts = Artifacts(event_log, agent_id="root")
+    kept = await artifacts.put(os.urandom(400_000), name="first.bin", after_seq=seq)
+    before = refusals("store_full")
+
+    with pytest.raises(ArtifactError, match="the artifact store is full") as refused:
+        await artifacts.put(os.urandom(400_000), name="second.bin")
+    assert "retry once artifacts are deleted" in str(refused.value)
+    assert refusals("store_full") == before + 1
+    assert [a.name for a in await artifacts.list()] == ["first.bin"]
+    assert await running.store.blobs.names() == [kept.sha256]
+    bucket = await event_log.js.stream_info(running.store.blobs.stream)
+    assert bucket.state.bytes < 500_000, "chunks of the refused blob were left behind"
+
+    # Space freed, the same put goes through; the store never stopped answering.
+    await artifacts.delete(kept.artifact_id)
+    data = os.urandom(400_000)
+    stored = await artifacts.put(data, name="second.bin")
+    assert await artifacts.get(stored.artifact_id) == data
 
 
 async def test_an_upload_must_add_up_to_what_its_put_declared(

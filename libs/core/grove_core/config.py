@@ -43,6 +43,12 @@ class ArtifactLimits(Model):
         ge=1,
         description="Bytes of live artifacts one tree may hold (each artifact counted whole).",
     )
+    max_store_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Size limit of the artifact bucket (every blob, all trees); a put that "
+        "does not fit is refused as `store_full`. Null: only the server's own limits.",
+    )
 
 
 class GroveConfig(Model):

@@ -25,8 +25,21 @@ CHUNK_BYTES = 128 * 1024
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+#: JetStream's error codes for a stream that cannot take more: at its limits (10077), or the
+#: server out of storage (10023, "insufficient resources").
+FULL_CODES = frozenset({10077, 10023})
+
+
 class BlobError(RuntimeError):
     """A blob is missing or changed under a reader; the message says what to do."""
+
+    reason = "blob"
+
+
+class StoreFull(BlobError):
+    """The bucket cannot take the blob; nothing of it was kept."""
+
+    reason = "store_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +60,15 @@ class BlobStore:
         self.stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str = BUCKET, replicas: int = 1) -> BlobStore:
-        """Bind to the bucket, creating it (file storage) the first time."""
+    async def open(
+        cls,
+        js: JetStreamContext,
+        bucket: str = BUCKET,
+        replicas: int = 1,
+        max_bytes: int | None = None,
+    ) -> BlobStore:
+        """Bind to the bucket, creating it (file storage) the first time; its size limit is
+        set to `max_bytes` (None: none of its own)."""
         try:
             store = await js.object_store(bucket)
         except nats.js.errors.BucketNotFoundError:
@@ -57,9 +77,20 @@ class BlobStore:
                 description="AgentGrove artifact blobs, named by sha256",
                 storage=js_api.StorageType.FILE,
                 replicas=replicas,
+                max_bytes=max_bytes if max_bytes is not None else -1,
             )
             store = await js.create_object_store(bucket, config=config)
-        return cls(js, store, bucket)
+        blobs = cls(js, store, bucket)
+        await blobs.limit(max_bytes)
+        return blobs
+
+    async def limit(self, max_bytes: int | None) -> None:
+        """Set the bucket's size limit (None: none of its own), where it differs."""
+        info = await self.js.stream_info(self.stream)
+        wanted = max_bytes if max_bytes is not None else -1
+        if (info.config.max_bytes or -1) != wanted:
+            info.config.max_bytes = wanted
+            await self.js.update_stream(info.config)
 
     async def _info(self, sha256: str) -> Any:
         try:
@@ -77,7 +108,17 @@ class BlobStore:
         meta = js_api.ObjectMeta(
             name=sha256, options=js_api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES)
         )
-        await self.store.put(sha256, data, meta=meta)
+        try:
+            await self.store.put(sha256, data, meta=meta)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in FULL_CODES:
+                raise
+            # nats-py has purged the chunks already written.
+            raise StoreFull(
+                f"the artifact store is full (bucket {self.bucket}: {exc.description}); nothing "
+                "was stored: retry once artifacts are deleted or an operator raises "
+                "artifacts.max_store_bytes"
+            ) from None
 
     async def delete(self, sha256: str) -> None:
         """Remove a blob; one already gone is no error."""

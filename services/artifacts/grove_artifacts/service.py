@@ -93,8 +93,8 @@ Answer = dict[str, Any]
 
 
 def _count_refusal(exc: Exception) -> None:
-    """Count a refused request by its reason (a blob store error: `blob`)."""
-    reason = "blob" if isinstance(exc, BlobError) else getattr(exc, "reason", "refused")
+    """Count a refused request by its reason (`blob` for a blob error, `store_full`...)."""
+    reason = getattr(exc, "reason", "refused")
     REFUSED.labels(reason).inc()
 
 
@@ -580,7 +580,11 @@ async def setup(service: Service) -> None:
     limits = load_config(settings.config_path()).artifacts
     staging = settings.data_dir / "artifact-uploads"
     staging.mkdir(parents=True, exist_ok=True)
-    blobs = await BlobStore.open(service.log.js, replicas=service.log.definition.replicas)
+    blobs = await BlobStore.open(
+        service.log.js,
+        replicas=service.log.definition.replicas,
+        max_bytes=limits.max_store_bytes,
+    )
     store = ArtifactStore(
         service.log, ProjectionStore(settings.database_for(NAME)), blobs, limits, staging
     )
