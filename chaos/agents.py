@@ -1,19 +1,40 @@
 """The agents of a chaos run, started by the spawner as `chaos.agents:<function>`.
 
-A manager spawns children (managers one level down, or workers), waits for each and reports
-how they ended; a worker sleeps a little and answers. The task is JSON:
+A manager spawns children (managers one level down, or workers), waits for each, reads what
+its inbox holds and reports how they ended. A worker's role follows from its id (`role_of`):
+it sleeps a little and answers, asks the caller a question (`ask_human`) and answers with the
+reply, stores an artifact and reads it back, or sends its parent a message. The task is JSON:
 `{"depth": 2, "fanout": 3, "sleep": 0.2}`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import zlib
 
+from agentgrove.artifacts import ArtifactError
 from agentgrove.context import AgentContext
+from agentgrove.routing import riding_out_restarts
 
 #: Seconds a manager waits for one child before it reports that child as lost.
 CHILD_WAIT_S = 120.0
+#: Seconds an asker waits for its answer (the scripted caller answers within a second or two).
+ANSWER_WAIT_S = 150.0
+ROLES = ("sleeper", "asker", "artifact", "messenger")
+#: Attempts at an artifact put or get while the artifact-store restarts.
+ARTIFACT_ATTEMPTS = 8
+
+
+def role_of(agent_id: str) -> str:
+    """A worker's role, the same for the driver's checks and the agent."""
+    return ROLES[zlib.crc32(agent_id.encode()) % len(ROLES)]
+
+
+def question_of(agent_id: str) -> str:
+    """The question an asker asks."""
+    return f"may {agent_id} go on?"
 
 
 async def manager(ctx: AgentContext) -> str:
@@ -21,8 +42,7 @@ async def manager(ctx: AgentContext) -> str:
     spec = json.loads(ctx.task)
     depth, fanout, sleep = int(spec["depth"]), int(spec["fanout"]), float(spec["sleep"])
     if depth <= 0:
-        await asyncio.sleep(sleep)
-        return f"worker {ctx.agent_id} done"
+        return await WORKERS[role_of(ctx.agent_id)](ctx, sleep)
     child_task = json.dumps({"depth": depth - 1, "fanout": fanout, "sleep": sleep})
     children = [
         await ctx.spawn_agent(child_task, entrypoint="chaos.agents:manager") for _ in range(fanout)
@@ -36,4 +56,46 @@ async def manager(ctx: AgentContext) -> str:
             ends.append("lost")
         else:
             ends.append(result.reason)
-    return ",".join(ends)
+    read = await riding_out_restarts(ctx.inbox)
+    return ",".join(ends) + f"; inbox {len(read)}"
+
+
+async def sleeper(ctx: AgentContext, sleep: float) -> str:
+    await asyncio.sleep(sleep)
+    return f"worker {ctx.agent_id} done"
+
+
+async def asker(ctx: AgentContext, sleep: float) -> str:
+    answer = await ctx.ask_human(
+        question_of(ctx.agent_id), options=["yes", "no"], timeout=ANSWER_WAIT_S
+    )
+    return f"answer: {answer}"
+
+
+async def artifact(ctx: AgentContext, sleep: float) -> str:
+    """Store some bytes and read them back (retrying while the artifact-store restarts)."""
+    data = hashlib.sha256(ctx.agent_id.encode()).hexdigest() * 64
+    for attempt in range(ARTIFACT_ATTEMPTS):
+        try:
+            stored = await ctx.put_artifact(data, f"{ctx.agent_id}.txt", "text/plain")
+            read = await ctx.get_artifact(stored.artifact_id)
+        except ArtifactError:
+            if attempt == ARTIFACT_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(1.0 + attempt)
+        else:
+            if read != data.encode():
+                raise RuntimeError(f"artifact {stored.artifact_id} came back changed")
+            return f"artifact {stored.artifact_id} {stored.sha256}"
+    raise AssertionError("unreachable")
+
+
+async def messenger(ctx: AgentContext, sleep: float) -> str:
+    parent = ctx.parent
+    if parent is None:
+        return "no parent to tell"
+    message_id = await ctx.send_message(f"hello from {ctx.agent_id}", to=parent)
+    return f"told {parent} ({message_id})"
+
+
+WORKERS = {"sleeper": sleeper, "asker": asker, "artifact": artifact, "messenger": messenger}

@@ -1,12 +1,18 @@
 """A chaos run: many agent trees while services are killed and nats-server restarts.
 
 The driver starts the local stack (two spawners), spawns trees of `chaos.agents:manager`
-agents, stops and forks some of them, and meanwhile SIGKILLs a random service every few
-seconds (and restarts it), and kills and restarts nats-server at set moments. When every agent
-has ended (or the time is up) it stops the services cleanly and checks the promises:
+agents (whose workers ask the caller questions, store and read artifacts and message their
+parents), answers every question as a scripted caller, stops and forks some trees, and
+meanwhile SIGKILLs a random service every few seconds (and restarts it), and kills and
+restarts nats-server at set moments. When every agent has ended and no question is open (or
+the time is up) it stops the services cleanly and checks the promises:
 
 - every agent (spawned or forked) has exactly one terminate;
 - no agent started twice;
+- every question answered exactly once, the answer delivered to its asker once (and an asker
+  that completed answered with it);
+- every message to an agent in its inbox once; every inbox in log order;
+- every live artifact's blob in the bucket;
 - each service's stored projection equals a from-scratch fold of the log up to its checkpoint;
 - the spawners' durable consumer has nothing pending or unacknowledged;
 - nothing was dead-lettered.
@@ -32,7 +38,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agentgrove.client import GroveClient
+from agentgrove.routing import AlreadyAnswered, RouterError, UnknownRequest
 from agentgrove.stack import Stack
+from chaos.agents import role_of
+from grove_artifacts.blobs import BlobStore
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
 from grove_core.log import EventLog, LogError, Recorded
@@ -42,6 +52,8 @@ from grove_events import (
     AgentConfig,
     ControlEvent,
     ForkEvent,
+    HitlEvent,
+    MessageEvent,
     SpawnEvent,
     StatusEvent,
     TerminateEvent,
@@ -101,6 +113,9 @@ class Disruptions:
     stops: int = 0
     forks: int = 0
     append_retries: int = 0
+    #: request id -> event id of the scripted caller's answer (reused on every retry)
+    answers: dict[str, str] = field(default_factory=dict)
+    answer_retries: int = 0
 
 
 # -- driving ---------------------------------------------------------------------------------------
@@ -172,6 +187,36 @@ async def steer(
             )
             disruptions.forks += 1
         await append_retrying(log, event, disruptions, time.monotonic() + 60)
+
+
+async def answer_questions(log: EventLog, disruptions: Disruptions, done: asyncio.Event) -> None:
+    """The scripted caller: answers every open question `yes`. A retry of an answer whose
+    outcome is unknown reuses its event id, so the log keeps it once."""
+    routing = GroveClient(log).routing
+    while not done.is_set():
+        try:
+            pending = await routing.pending()
+        except LogError:  # the router or nats-server restarting
+            pending = []
+        for request in pending:
+            request_id = request["request_id"]
+            event_id = disruptions.answers.setdefault(request_id, new_id())
+            try:
+                await routing.answer(request_id, "yes", event_id=event_id)
+            except AlreadyAnswered:
+                continue
+            except (UnknownRequest, RouterError, LogError):
+                disruptions.answer_retries += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 0.5)
+
+
+async def open_questions(log: EventLog) -> int:
+    """Questions not answered yet (-1 while the router does not answer)."""
+    try:
+        return len(await GroveClient(log).routing.pending())
+    except LogError:
+        return -1
 
 
 def nats_nodes(stack: Stack, cluster: LocalNatsCluster | None) -> list[LocalNatsServer]:
@@ -256,12 +301,82 @@ async def read_facts(log: EventLog) -> LogFacts:
 
 
 async def wait_until_finished(log: EventLog, deadline: float) -> LogFacts:
-    """Read the log until every named agent has ended, or the deadline passes."""
+    """Read the log until every named agent has ended and no question is open, or the
+    deadline passes."""
     while True:
         facts = await read_facts(log)
-        if not facts.unfinished or time.monotonic() > deadline:
+        if time.monotonic() > deadline:
+            return facts
+        if not facts.unfinished and await open_questions(log) == 0:
             return facts
         await asyncio.sleep(2.0)
+
+
+def stored_state(database: Path, name: str, state_type: type[Any]) -> Any:
+    """A service's state as its database holds it."""
+    store = ProjectionStore(f"sqlite:///{database}")
+    try:
+        return state_type.from_rows(store.load(name)[1])
+    finally:
+        store.close()
+
+
+def check_conversations(facts: LogFacts, router: RouterState) -> dict[str, list[str]]:
+    """What went wrong with questions, messages and inboxes (empty lists when nothing did)."""
+    by_seq = {r.seq: r.event for r in facts.records}
+    asked: dict[str, str] = {}
+    responses: dict[str, set[str]] = {}
+    messages: list[tuple[int, str]] = []
+    for recorded in facts.records:
+        event = recorded.event
+        if isinstance(event, HitlEvent) and event.action == "request":
+            asked.setdefault(event.request_id, event.agent_id)
+        elif isinstance(event, HitlEvent) and event.action == "response":
+            responses.setdefault(event.request_id, set()).add(event.event_id)
+        elif isinstance(event, MessageEvent) and event.to is not None:
+            messages.append((recorded.seq, event.to))
+
+    def received(agent_id: str) -> list[int]:
+        """Seqs of what reached the agent: its inbox, and what is held for it."""
+        route = router.routes.get(agent_id)
+        held = [entry.seq for entry in route.held] if route is not None else []
+        return [entry.seq for entry in router.inboxes.get(agent_id, [])] + held
+
+    problems: dict[str, list[str]] = {"hitl": [], "messages": [], "inboxes": []}
+    ends = {r.event.agent_id: r.event for r in facts.records if isinstance(r.event, TerminateEvent)}
+    for request_id, asker in asked.items():
+        given = responses.get(request_id, set())
+        if len(given) != 1:
+            problems["hitl"].append(f"{request_id} of {asker}: {len(given)} answers on the log")
+            continue
+        delivered = [
+            seq
+            for seq in received(asker)
+            if isinstance(answer := by_seq.get(seq), HitlEvent)
+            and answer.action == "response"
+            and answer.request_id == request_id
+        ]
+        if len(delivered) != 1:
+            problems["hitl"].append(f"{request_id}: answer delivered {len(delivered)} times")
+        end = ends.get(asker)
+        if end is not None and end.reason == "completed" and end.result.summary != "answer: yes":
+            problems["hitl"].append(f"{asker} completed with {end.result.summary!r}")
+    for seq, recipient in messages:
+        count = received(recipient).count(seq)
+        if count != 1:
+            problems["messages"].append(f"message at seq {seq} reached {recipient} {count} times")
+    for agent_id, entries in router.inboxes.items():
+        seqs = [entry.seq for entry in sorted(entries, key=lambda e: e.index)]
+        indices = sorted(entry.index for entry in entries)
+        if seqs != sorted(set(seqs)) or indices != list(range(1, len(entries) + 1)):
+            problems["inboxes"].append(f"inbox of {agent_id} out of order or repeated: {seqs[:8]}")
+    return problems
+
+
+async def missing_blobs(log: EventLog, index: ArtifactIndex) -> list[str]:
+    """Live artifacts whose blob is not in the bucket."""
+    names = set(await (await BlobStore.open(log.js)).names())
+    return sorted(a for a, entry in index.artifacts.items() if entry.sha256 not in names)
 
 
 Evolve = Callable[[Any, Recorded], Any]
@@ -366,19 +481,29 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
             print(f"chaos: {plan.trees} trees of {plan.per_tree} agents on {where}, "
                   f"{plan.duration:.0f}s of kills every ~{plan.kill_every:g}s, "
                   f"{plan.nats_restarts} nats-server restarts", flush=True)  # fmt: skip
-            await asyncio.gather(
-                spawn_trees(log, plan, roots, disruptions, rng),
-                steer(log, plan, roots, disruptions, rng),
-                disrupt(stack, plan, disruptions, rng, cluster),
-            )
-            facts = await wait_until_finished(log, time.monotonic() + plan.drain)
+            answered = asyncio.Event()
+            caller = asyncio.create_task(answer_questions(log, disruptions, answered))
+            try:
+                await asyncio.gather(
+                    spawn_trees(log, plan, roots, disruptions, rng),
+                    steer(log, plan, roots, disruptions, rng),
+                    disrupt(stack, plan, disruptions, rng, cluster),
+                )
+                facts = await wait_until_finished(log, time.monotonic() + plan.drain)
+            finally:
+                answered.set()
+                await caller
             await wait_for_consumer(log, time.monotonic() + CONSUMER_DRAIN_S)
             for service in stack.services.values():
                 await asyncio.to_thread(service.stop)
             pending, unacked = await consumer_backlog(log)
             facts = await read_facts(log)
+            index = stored_state(stack.data_dir / "artifacts.db", "artifacts", ArtifactIndex)
+            lost_blobs = await missing_blobs(log, index)
         finally:
             await log.close()
+        router = stored_state(stack.data_dir / "router.db", "router", RouterState)
+        conversations = check_conversations(facts, router)
         mismatches = [
             problem
             for name, database, state_type, evolve in projections(stack)
@@ -388,20 +513,64 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         await asyncio.to_thread(stack.stop)
         if cluster is not None:
             await asyncio.to_thread(cluster.stop)
+    summary = summarize(
+        plan,
+        facts,
+        disruptions,
+        Outcome(mismatches, pending, unacked, conversations, lost_blobs, len(index.artifacts)),
+        time.monotonic() - began,
+    )
+    print_summary(summary)
+    if out is not None:
+        await asyncio.to_thread(out.write_text, json.dumps(summary, indent=2) + "\n")
+    return 0 if all(summary["checks"].values()) else 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the checks after the run found."""
+
+    mismatches: list[str]
+    pending: int
+    unacked: int
+    conversations: dict[str, list[str]]
+    lost_blobs: list[str]
+    artifacts: int
+
+
+def summarize(
+    plan: Plan, facts: LogFacts, disruptions: Disruptions, outcome: Outcome, seconds: float
+) -> dict[str, Any]:
+    """The run's figures and the verdict of each check."""
+    mismatches, pending, unacked = outcome.mismatches, outcome.pending, outcome.unacked
+    conversations, lost_blobs = outcome.conversations, outcome.lost_blobs
     twice_ended = sorted(a for a, n in facts.terminates.items() if n > 1)
     twice_started = sorted(a for a, n in facts.starts.items() if n > 1)
     ends = Counter(r.event.reason for r in facts.records if isinstance(r.event, TerminateEvent))
+    roles = Counter(
+        role_of(r.event.agent_id)
+        for r in facts.records
+        if isinstance(r.event, SpawnEvent) and '"depth": 0' in r.event.task
+    )
+    questions = sum(
+        1 for r in facts.records if isinstance(r.event, HitlEvent) and r.event.action == "request"
+    )
+    sent = sum(1 for r in facts.records if isinstance(r.event, MessageEvent))
     checks = {
         "every agent ended exactly once": not facts.unfinished and not twice_ended,
         "no agent started twice": not twice_started,
+        "every question answered once, delivered once to its asker": not conversations["hitl"],
+        "every message delivered once": not conversations["messages"],
+        "every inbox in log order, nothing repeated": not conversations["inboxes"],
+        "every live artifact's blob in the bucket": not lost_blobs,
         "projections equal a replay": not mismatches,
         "no message left unacknowledged": pending == 0 and unacked == 0,
         "nothing dead-lettered": facts.invalid == 0,
     }
-    summary = {
+    return {
         "agents": len(facts.named),
         "events": len(facts.records),
-        "seconds": round(time.monotonic() - began, 1),
+        "seconds": round(seconds, 1),
         "ends": dict(ends),
         "kills": dict(disruptions.kills),
         "nats_restarts": disruptions.nats_restarts,
@@ -409,6 +578,14 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         "stops": disruptions.stops,
         "forks": disruptions.forks,
         "append_retries": disruptions.append_retries,
+        "workers": dict(roles),
+        "questions": questions,
+        "answers_given": len(disruptions.answers),
+        "answer_retries": disruptions.answer_retries,
+        "messages": sent,
+        "artifacts": outcome.artifacts,
+        "conversation_problems": {k: v[:5] for k, v in conversations.items() if v},
+        "missing_blobs": lost_blobs[:5],
         "unfinished": len(facts.unfinished),
         "unfinished_histories": {
             agent: [describe(r) for r in facts.records if r.event.agent_id == agent]
@@ -421,10 +598,6 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         "consumer_unacknowledged": unacked,
         "checks": checks,
     }
-    print_summary(summary)
-    if out is not None:
-        await asyncio.to_thread(out.write_text, json.dumps(summary, indent=2) + "\n")
-    return 0 if all(checks.values()) else 1
 
 
 def describe(recorded: Recorded) -> str:
@@ -443,8 +616,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"  kills: {summary['kills']}, nats-server restarts: {summary['nats_restarts']}, "
           f"stops: {summary['stops']}, forks: {summary['forks']}, "
           f"append retries: {summary['append_retries']}")  # fmt: skip
+    print(f"  workers: {summary['workers']}, questions: {summary['questions']}, "
+          f"messages: {summary['messages']}, live artifacts: {summary['artifacts']}")  # fmt: skip
     for problem in summary["projection_mismatches"]:
         print(f"  {problem}")
+    for kind, problems in summary["conversation_problems"].items():
+        print(f"  {kind}: {'; '.join(problems)}")
     if summary["unfinished"]:
         print(f"  agents without a terminate: {summary['unfinished']}")
         for agent, history in summary["unfinished_histories"].items():

@@ -1,5 +1,5 @@
-"""The short chaos run CI does: agent trees while services are SIGKILLed and nats-server
-restarts once; every promise must hold at the end (`make chaos` runs the long one, and
+"""The short chaos run CI does: agent trees (asking questions, messaging, storing artifacts)
+while services are SIGKILLed and nats-server restarts once; every promise must hold at the end (`make chaos` runs the long one, and
 `make chaos CHAOS_ARGS=--cluster` the same on a three-node cluster)."""
 
 from __future__ import annotations
@@ -35,3 +35,8 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     assert sum(summary["kills"].values()) >= 5
     assert summary["nats_restarts"] == 1
     assert summary["cluster"] is False
+    # The workload talks: questions answered by the scripted caller, messages, artifacts.
+    assert summary["questions"] >= 10
+    assert summary["answers_given"] >= 10
+    assert summary["messages"] >= 10
+    assert summary["artifacts"] >= 10

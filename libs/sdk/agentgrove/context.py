@@ -28,6 +28,7 @@ from agentgrove.routing import (
     PermissionDenied,
     Routing,
     UnknownRequest,
+    riding_out_restarts,
 )
 from grove_core.log import EventLog, LogError
 from grove_events import (
@@ -413,7 +414,9 @@ class AgentContext:
     async def has_permission(self, capability: str) -> bool:
         """Whether this agent holds `capability` (by its spawn's permissions or a grant)."""
         if self._capabilities is None or not _holds(self._capabilities, capability):
-            permissions, granted = await self._routing.permissions(self.agent_id)
+            permissions, granted = await riding_out_restarts(
+                lambda: self._routing.permissions(self.agent_id)
+            )
             self._capabilities = (permissions, set(granted))
         return _holds(self._capabilities, capability)
 
@@ -453,9 +456,9 @@ class AgentContext:
             await self._session.record("tool_call", json.dumps(asked))
             published = False
         else:
-            published = await self._published(request_id)
+            published = await riding_out_restarts(lambda: self._published(request_id))
         if not published:
-            hierarchy = await self._routing.hierarchy(self.agent_id)
+            hierarchy = await riding_out_restarts(lambda: self._routing.hierarchy(self.agent_id))
             await self._routing.ask(
                 prompt,
                 agent_path=hierarchy["agent_path"],

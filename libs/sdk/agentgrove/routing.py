@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 import heapq
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -40,6 +40,26 @@ LONG_POLL_S = 5.0
 POLL_MARGIN_S = 2.0
 #: Pause before asking again a router that did not answer (it may be restarting).
 RETRY_S = 0.5
+#: How long an agent's call that needs the router waits for a restarting one.
+ROUTER_RESTART_S = 60.0
+
+T = TypeVar("T")
+
+
+async def riding_out_restarts(
+    call: Callable[[], Awaitable[T]], within: float = ROUTER_RESTART_S
+) -> T:
+    """`call()`, asked again while the router does not answer (a restart), for at most
+    `within` seconds; then its RouterUnavailable goes to the caller."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await call()
+        except RouterUnavailable:
+            if loop.time() + RETRY_S > deadline:
+                raise
+            await asyncio.sleep(RETRY_S)
 
 
 class RouterError(LogError):
@@ -273,8 +293,13 @@ class Routing:
         await self.log.append(event)
         return event.request_id
 
-    async def answer(self, request_id: str, answer: str, by: str | None = None) -> str:
-        """Answer a pending HITL request; UnknownRequest or AlreadyAnswered otherwise."""
+    async def answer(
+        self, request_id: str, answer: str, by: str | None = None, event_id: str | None = None
+    ) -> str:
+        """Answer a pending HITL request; UnknownRequest or AlreadyAnswered otherwise.
+
+        Given the `event_id` of an earlier attempt whose outcome is unknown (the log did not
+        acknowledge it), a retry is stored at most once."""
         found = await self.request(request_id)
         if not found["pending"]:
             raise AlreadyAnswered(request_id, found["answer"], found["by"])
@@ -288,7 +313,7 @@ class Routing:
                         f"{request_id} of tree {found['tree_id']}"
                     )
         event = HitlEvent(
-            event_id=new_id(),
+            event_id=event_id or new_id(),
             agent_id=found["agent_id"],
             tree_id=found["tree_id"],
             timestamp=datetime.now(UTC),
