@@ -1,6 +1,7 @@
 """Request-reply through FastStream (grove_core.rpc) on a real nats-server: refusals and
 failures are answered, requests run concurrently, `after_seq` waits for the fold, and each
-service's /metrics carries FastStream's NATS middleware metrics for its queries."""
+service's /metrics carries FastStream's NATS middleware metrics for what it serves (the
+spawners: their peers' heartbeats)."""
 
 from __future__ import annotations
 
@@ -109,14 +110,15 @@ async def test_each_service_exports_faststream_metrics_for_its_queries(
         await client.artifacts.list()
         refused = await ask(client.log.nc, "grove.rpc.router.summary", {"agent_id": "nobody"})
         assert "no agent 'nobody'" in refused["error"]
-    queried = {
-        "governor": "grove.rpc.governor.status",
-        "router": "grove.rpc.router.tree",
-        "artifacts": "grove.rpc.artifacts.list",
+    queried = {  # process: (service, a subject it answers)
+        "governor": ("governor", "grove.rpc.governor.status"),
+        "router": ("router", "grove.rpc.router.tree"),
+        "artifacts": ("artifacts", "grove.rpc.artifacts.list"),
+        "spawner-1": ("spawner", "grove.rpc.spawner.heartbeat"),  # its own heartbeats
     }
     async with aiohttp.ClientSession() as session, asyncio.timeout(20):
-        for name, subject in queried.items():
-            port = stack.services[name].http_port
+        for process, (name, subject) in queried.items():
+            port = stack.services[process].http_port
             await wait_metric(
                 session,
                 port,

@@ -17,7 +17,6 @@ peer), and which peers are alive. Spawners publish heartbeats on core NATS; a pe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
@@ -27,7 +26,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, cast
 
-from nats.aio.msg import Msg
 from prometheus_client import Counter
 from pydantic import Field, model_validator
 
@@ -45,6 +43,7 @@ from grove_core.log import (
     decode_record,
 )
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import (
@@ -761,28 +760,22 @@ class Spawner:
                 log.debug("heartbeat not sent: %r", exc)
             await asyncio.sleep(self.heartbeat_interval)
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            spawner_id = json.loads(msg.data).get("spawner_id")
-        except (ValueError, AttributeError):
-            return
+    async def heard(self, heartbeat: dict[str, Any]) -> dict[str, Any]:
+        """A peer's heartbeat (`grove.rpc.spawner.heartbeat`, served through FastStream)."""
+        spawner_id = heartbeat.get("spawner_id")
         if isinstance(spawner_id, str):
             self.peers.hear(spawner_id, time.monotonic())
+        return {}
 
     async def watch_peers(self) -> None:
-        """Listen to the peers' heartbeats; end the agents of a peer that went silent."""
-        sub = await self.log.nc.subscribe(HEARTBEAT_SUBJECT, cb=self._on_heartbeat)
-        try:
-            await self.runner.caught_up.wait()
-            while True:
-                await asyncio.sleep(min(1.0, self.spawner_timeout / 5))
-                try:
-                    await self.fail_lost_peers()
-                except Exception:
-                    log.exception("could not end the agents of a lost spawner; will retry")
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        """End the agents of a peer whose heartbeats (see `heard`) stopped."""
+        await self.runner.caught_up.wait()
+        while True:
+            await asyncio.sleep(min(1.0, self.spawner_timeout / 5))
+            try:
+                await self.fail_lost_peers()
+            except Exception:
+                log.exception("could not end the agents of a lost spawner; will retry")
 
     async def fail_lost_peers(self) -> None:
         """End, as failed, the agents of every peer silent for longer than the timeout."""
@@ -874,6 +867,9 @@ async def setup(service: Service) -> None:
         workspace=settings.workspace,
     )
     service.ready_checks.append(spawner.runner.ready)
+    heartbeats = RpcServer(NAME, {"heartbeat": spawner.heard})
+    service.ready_checks.append(heartbeats.is_serving)
+    await service.serve_rpc(heartbeats)
     service.spawn(spawner.heartbeat(), "spawner-heartbeat")
     service.spawn(spawner.runner.run(), "spawner-projection")
     service.spawn(spawner.watch_peers(), "spawner-peers")
