@@ -38,6 +38,8 @@ SERVICE_MODULES = {
 
 #: How long the stack retries creating the GROVE stream while JetStream is not ready.
 STREAM_SETUP_TIMEOUT_S = 30.0
+#: Times start-up picks another HTTP port for a service whose port was taken meanwhile.
+PORT_MOVES = 5
 
 
 class StackError(RuntimeError):
@@ -71,6 +73,19 @@ class ServiceProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+
+    def lost_its_port(self) -> bool:
+        """Whether it exited because its HTTP port was taken (by another process, between
+        the choice of a free port and the service binding it)."""
+        if self.alive or self.process is None:
+            return False
+        tail = _tail(self.log_path)
+        return "address already in use" in tail and f"'127.0.0.1', {self.http_port})" in tail
+
+    def move_to_a_free_port(self) -> None:
+        """Choose another free HTTP port (the process starts on it next time)."""
+        self.http_port = free_port()
+        self.env = {**self.env, "GROVE_HTTP_PORT": str(self.http_port)}
 
     def ready(self) -> bool:
         """Whether /readyz answers 200."""
@@ -226,9 +241,15 @@ class Stack:
         """Wait until the named (default: all) services answer /readyz."""
         deadline = time.monotonic() + timeout
         waiting = [self.services[n] for n in (names or list(self.services))]
+        moves = 0
         while waiting:
             for service in list(waiting):
-                if not service.alive:
+                if service.lost_its_port() and moves < PORT_MOVES:
+                    moves += 1
+                    service.move_to_a_free_port()
+                    service.start()
+                    self._write_state()
+                elif not service.alive:
                     tail = _tail(service.log_path)
                     raise StackError(f"{service.name} exited during start-up:\n{tail}")
                 if service.ready():
