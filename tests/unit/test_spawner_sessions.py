@@ -251,3 +251,11 @@ def test_a_fork_session_opens_once_from_the_stored_source(tmp_path: Path) -> Non
         ("assistant", "step 1"),
     ]
     store.close()
+
+
+@pytest.mark.parametrize(("sync", "level"), [("normal", 1), ("full", 2)])
+def test_the_session_file_is_synced_as_configured(tmp_path: Path, sync: str, level: int) -> None:
+    store = SessionStore(f"sqlite:///{tmp_path / 'sessions.db'}", sync)  # type: ignore[arg-type]
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == level
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"

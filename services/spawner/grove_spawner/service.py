@@ -72,7 +72,12 @@ from grove_spawner.domain import (
     start_allowed,
 )
 from grove_spawner.runtimes import RUNTIMES, AgentRun, Outcome
-from grove_spawner.sessions import SessionStore, StoredSession, sessions_database_url
+from grove_spawner.sessions import (
+    SessionStore,
+    SessionSync,
+    StoredSession,
+    sessions_database_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,11 @@ class SpawnerSettings(ServiceSettings):
         description="The directory agents work in: a command's or ACP agent's working "
         "directory, and the bound of the files and terminals an ACP agent is served "
         "(GROVE_WORKSPACE; default: the spawner's working directory).",
+    )
+    session_sync: SessionSync = Field(
+        default="normal",
+        description="How a SQLite session file is synced: normal (at checkpoints; a power "
+        "loss may lose the newest entries) or full (every write) (GROVE_SESSION_SYNC).",
     )
     stop_grace: float = Field(
         default=30.0,
@@ -854,7 +864,7 @@ async def setup(service: Service) -> None:
         service.settings if isinstance(service.settings, SpawnerSettings) else SpawnerSettings()
     )
     store = ProjectionStore(settings.database_for(f"spawner-{settings.spawner_id}"))
-    sessions = SessionStore(sessions_database_url(settings))
+    sessions = SessionStore(sessions_database_url(settings), settings.session_sync)
     spawner = Spawner(
         service.log,
         store,

@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     BigInteger,
@@ -132,8 +132,15 @@ def _as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _sqlite_for_many_writers(engine: Engine) -> None:
-    """WAL, and transactions that take the write lock when they begin.
+#: How a SQLite session file is synced (`GROVE_SESSION_SYNC`): `normal` syncs at WAL
+#: checkpoints, so a crash of the process loses nothing and a power loss may lose the newest
+#: entries (as nats-server's default, which syncs every two minutes, may lose the newest
+#: events); `full` syncs every transaction (for a server run with `sync_interval: always`).
+SessionSync = Literal["normal", "full"]
+
+
+def _sqlite_for_many_writers(engine: Engine, sync: SessionSync) -> None:
+    """WAL, the sync level, and transactions that take the write lock when they begin.
 
     Several spawner processes write the shared file; a transaction that reads and then
     writes would otherwise fail at once (not wait) when another process wrote in between.
@@ -144,6 +151,7 @@ def _sqlite_for_many_writers(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={sync.upper()}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -154,12 +162,12 @@ def _sqlite_for_many_writers(engine: Engine) -> None:
 class SessionStore:
     """Session entries in one SQL database (see the module's note on which)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, sync: SessionSync = "normal") -> None:
         self.url = url
         connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
         self.engine: Engine = create_engine(url, connect_args=connect_args)
         if url.startswith("sqlite"):
-            _sqlite_for_many_writers(self.engine)
+            _sqlite_for_many_writers(self.engine, sync)
         self._create_tables()
 
     def _create_tables(self, attempts: int = 5) -> None:
