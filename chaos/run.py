@@ -12,7 +12,7 @@ the time is up) it stops the services cleanly and checks the promises:
 - every question answered exactly once, the answer delivered to its asker once (and an asker
   that completed answered with it);
 - every message to an agent in its inbox once; every inbox in log order;
-- every live artifact's blob in the bucket;
+- every live artifact's blob in the bucket, and each stored once;
 - each service's stored projection equals a from-scratch fold of the log up to its checkpoint;
 - the spawners' durable consumer has nothing pending or unacknowledged;
 - nothing was dead-lettered.
@@ -373,10 +373,18 @@ def check_conversations(facts: LogFacts, router: RouterState) -> dict[str, list[
     return problems
 
 
+def stored_twice(index: ArtifactIndex) -> list[str]:
+    """Live artifacts of the same name and agent beyond the first (each worker puts one)."""
+    seen = Counter((e.agent_id, e.name) for e in index.artifacts.values() if not e.deleted)
+    return sorted(f"{agent}/{name}" for (agent, name), count in seen.items() if count > 1)
+
+
 async def missing_blobs(log: EventLog, index: ArtifactIndex) -> list[str]:
     """Live artifacts whose blob is not in the bucket."""
     names = set(await (await BlobStore.open(log.js)).names())
-    return sorted(a for a, entry in index.artifacts.items() if entry.sha256 not in names)
+    return sorted(
+        a for a, entry in index.artifacts.items() if not entry.deleted and entry.sha256 not in names
+    )
 
 
 Evolve = Callable[[Any, Recorded], Any]
@@ -517,7 +525,15 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
         plan,
         facts,
         disruptions,
-        Outcome(mismatches, pending, unacked, conversations, lost_blobs, len(index.artifacts)),
+        Outcome(
+            mismatches,
+            pending,
+            unacked,
+            conversations,
+            lost_blobs,
+            sum(1 for entry in index.artifacts.values() if not entry.deleted),
+            stored_twice(index),
+        ),
         time.monotonic() - began,
     )
     print_summary(summary)
@@ -536,6 +552,7 @@ class Outcome:
     conversations: dict[str, list[str]]
     lost_blobs: list[str]
     artifacts: int
+    twice: list[str]
 
 
 def summarize(
@@ -563,6 +580,7 @@ def summarize(
         "every message delivered once": not conversations["messages"],
         "every inbox in log order, nothing repeated": not conversations["inboxes"],
         "every live artifact's blob in the bucket": not lost_blobs,
+        "every artifact stored once": not outcome.twice,
         "projections equal a replay": not mismatches,
         "no message left unacknowledged": pending == 0 and unacked == 0,
         "nothing dead-lettered": facts.invalid == 0,
@@ -586,6 +604,7 @@ def summarize(
         "artifacts": outcome.artifacts,
         "conversation_problems": {k: v[:5] for k, v in conversations.items() if v},
         "missing_blobs": lost_blobs[:5],
+        "stored_twice": outcome.twice[:5],
         "unfinished": len(facts.unfinished),
         "unfinished_histories": {
             agent: [describe(r) for r in facts.records if r.event.agent_id == agent]

@@ -218,6 +218,31 @@ def refusals(reason: str) -> float:
     return value or 0.0
 
 
+async def test_a_retried_put_is_stored_once(event_log: EventLog, start_store: StartStore) -> None:
+    running = await start_store()
+    assert running.store is not None
+    seq = await spawn(event_log, "root")
+    artifacts = Artifacts(event_log, agent_id="root")
+    put_id = new_id()
+    first = await artifacts.put(b"once", name="a.txt", after_seq=seq, put_id=put_id)
+    again = await artifacts.put(b"once", name="a.txt", put_id=put_id)
+    assert first.artifact_id == again.artifact_id == put_id
+    # Two attempts at once (the first's answer lost, say): the log keeps one put.
+    racing = new_id()
+    both = await asyncio.gather(
+        *(artifacts.put(b"x" * 700_000, name="big.bin", put_id=racing) for _ in range(2))
+    )
+    assert {a.artifact_id for a in both} == {racing}
+    retried = await artifacts.put(b"x" * 700_000, name="big.bin", put_id=racing)  # chunked
+    assert retried.artifact_id == racing
+    assert sorted(a.name for a in await artifacts.list()) == ["a.txt", "big.bin"]
+    assert running.store.state.tree_bytes["root"] == 4 + 700_000
+
+    await artifacts.delete(put_id)
+    with pytest.raises(ArtifactError, match="deleted since; put again with a new id"):
+        await artifacts.put(b"once", name="a.txt", put_id=put_id)
+
+
 async def test_a_full_object_store_refuses_a_put_clearly_and_keeps_nothing_of_it(
     event_log: EventLog, start_store: StartStore
 ) -> None:

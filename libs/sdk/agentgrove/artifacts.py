@@ -23,7 +23,7 @@ from typing import Any
 import nats.errors
 
 from grove_core.log import EventLog, LogError
-from grove_events import rpc_subject
+from grove_events import new_id, rpc_subject
 
 #: Seconds one request to the artifact-store may take.
 ARTIFACTS_TIMEOUT_S = 10.0
@@ -36,6 +36,9 @@ ENVELOPE_BYTES = 4096
 TEXT = "text/plain; charset=utf-8"
 #: Seconds the spawner keeps trying to store an over-budget result (GROVE_RESULT_STORE_TIMEOUT).
 RESULT_STORE_TIMEOUT_S = 15.0
+#: How long a put keeps trying while the artifact-store restarts, and the pause between tries.
+STORE_RESTART_S = 60.0
+STORE_RETRY_S = 0.5
 
 
 class ArtifactError(LogError):
@@ -80,6 +83,7 @@ class Artifacts:
         agent_id: str | None = None,
         tree_id: str | None = None,
         timeout: float = ARTIFACTS_TIMEOUT_S,
+        restart_wait: float = STORE_RESTART_S,
     ) -> None:
         if agent_id is not None and tree_id is not None:
             raise ValueError("an Artifacts speaks for an agent or names a tree, not both")
@@ -87,6 +91,7 @@ class Artifacts:
         self.agent_id = agent_id
         self.tree_id = tree_id
         self.timeout = timeout
+        self.restart_wait = restart_wait
 
     async def rpc(
         self, verb: str, request: dict[str, Any], timeout: float | None = None
@@ -128,10 +133,15 @@ class Artifacts:
         media_type: str | None = None,
         agent_id: str | None = None,
         after_seq: int | None = None,
+        put_id: str | None = None,
     ) -> Artifact:
         """Store `data` (text is stored as UTF-8, `text/plain` unless told) as an artifact of
         `agent_id` (default: the agent this speaks for). `after_seq`: the store answers once
-        it has folded the log that far (e.g. past the agent's spawn)."""
+        it has folded the log that far (e.g. past the agent's spawn).
+
+        The put is tried again while the artifact-store restarts (for up to `restart_wait`
+        seconds), under one `put_id` (the artifact's id; new unless given), so it
+        is stored once even when an attempt's answer was lost."""
         if isinstance(data, str):
             data = data.encode()
             media_type = media_type or TEXT
@@ -141,14 +151,28 @@ class Artifacts:
             "media_type": media_type or "application/octet-stream",
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
+            "put_id": put_id or new_id(),
         }
         if after_seq is not None:
             request["after_seq"] = after_seq
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.restart_wait
+        while True:
+            try:
+                return await self._put_once(request, data)
+            except ArtifactStoreUnavailable:
+                if loop.time() + STORE_RETRY_S > deadline:
+                    raise
+                await asyncio.sleep(STORE_RETRY_S)
+
+    async def _put_once(self, request: dict[str, Any], data: bytes) -> Artifact:
         if len(data) <= piece_bytes(self.log.nc.max_payload):
             request["data"] = base64.b64encode(data).decode()
             answer = await self.rpc("put", request)
             return Artifact.from_row(answer["artifact"])
         opened = await self.rpc("put", request)
+        if "artifact" in opened:  # an earlier attempt of this put stored it
+            return Artifact.from_row(opened["artifact"])
         upload_id = opened["upload_id"]
         step = min(int(opened["chunk_bytes"]), piece_bytes(self.log.nc.max_payload))
         for offset in range(0, len(data), step):
@@ -217,12 +241,22 @@ async def store_result(
         within = float(os.environ.get("GROVE_RESULT_STORE_TIMEOUT", RESULT_STORE_TIMEOUT_S))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
+    put_id = new_id()  # every attempt is the same put: the result is stored once
     while True:
         remaining = deadline - loop.time()
-        artifacts = Artifacts(log, agent_id=agent_id, timeout=max(0.5, min(5.0, remaining)))
+        artifacts = Artifacts(
+            log,
+            agent_id=agent_id,
+            timeout=max(0.5, min(5.0, remaining)),
+            restart_wait=max(0.0, remaining),
+        )
         try:
             return await artifacts.put(
-                text, name=f"result-{agent_id}.txt", media_type=TEXT, after_seq=after_seq
+                text,
+                name=f"result-{agent_id}.txt",
+                media_type=TEXT,
+                after_seq=after_seq,
+                put_id=put_id,
             )
         except ArtifactStoreUnavailable:
             if loop.time() + 0.5 >= deadline:

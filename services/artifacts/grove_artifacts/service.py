@@ -160,6 +160,8 @@ class Upload:
     media_type: str
     size: int
     sha256: str | None
+    #: The caller's id for the put (its retries carry the same), or None.
+    put_id: str | None = None
     file: io.BufferedRandom | None = None
     received: int = 0
     hasher: Any = field(default_factory=hashlib.sha256)
@@ -316,10 +318,17 @@ class ArtifactStore:
     # -- put ---------------------------------------------------------------------------------
 
     async def put(self, request: dict[str, Any]) -> Answer:
-        """{agent_id, name, media_type?, size, sha256?, data?} -> {artifact} when `data` was
-        given, else {upload_id, chunk_bytes} (then `put_chunk`s and `put_commit`)."""
+        """{agent_id, name, media_type?, size, sha256?, data?, put_id?} -> {artifact} when
+        `data` was given, else {upload_id, chunk_bytes} (then `put_chunk`s and `put_commit`).
+
+        `put_id` makes a retried put idempotent: it becomes the artifact's id, and a put whose
+        artifact exists already answers with it (stored once, even if the first attempt's
+        answer was lost)."""
         agent_id = _token(request, "agent_id")
         assert agent_id is not None
+        put_id = _token(request, "put_id", required=False)
+        if put_id is not None and put_id in self.state.artifacts:
+            return self._earlier_put(put_id, await self.tree_of(agent_id))
         name = _text(request, "name")
         assert name is not None
         if len(name) > 512:
@@ -334,7 +343,7 @@ class ArtifactStore:
         data = _data(request) if "data" in request else None
         tree = await self.tree_of(agent_id)
         self._check_limits(tree, size)
-        upload = Upload(new_id(), agent_id, tree, name, media_type, size, sha256)
+        upload = Upload(new_id(), agent_id, tree, name, media_type, size, sha256, put_id)
         self.reserved[tree] += size
         if data is None:
             upload.file = tempfile.TemporaryFile(dir=self.staging)  # noqa: SIM115 - closed by close()
@@ -345,6 +354,22 @@ class ArtifactStore:
             return await self._commit(upload, io.BytesIO(data))
         finally:
             self._release(upload)
+
+    def _earlier_put(self, put_id: str, tree: str) -> Answer:
+        """The artifact an earlier attempt of this put stored."""
+        entry = self.state.artifacts[put_id]
+        if entry.deleted:
+            raise Refused(
+                "bad_request",
+                f"put_id {put_id!r} was the id of an artifact deleted since; put again with a "
+                "new id",
+            )
+        if self.state.tree_of(entry.agent_id) != tree:
+            raise Refused(
+                "bad_request", f"put_id {put_id!r} is an artifact of another tree; use a new id"
+            )
+        log.info("artifact %s: a retried put, stored once", put_id)
+        return {"artifact": artifact_row(entry)}
 
     def _check_limits(self, tree: str, size: int) -> None:
         limit = self.limits.max_artifact_bytes
@@ -449,13 +474,14 @@ class ArtifactStore:
             if not await self.blobs.has(sha256, upload.size):
                 await self.blobs.put(sha256, source)
             event = ArtifactEvent(
-                event_id=new_id(),
+                # A retried put (same put_id) is stored once: the log drops the second append.
+                event_id=upload.put_id or new_id(),
                 agent_id=upload.agent_id,
                 tree_id=upload.tree_id,
                 timestamp=datetime.now(UTC),
                 correlation_id=upload.upload_id,
                 action="put",
-                artifact_id=new_id(),
+                artifact_id=upload.put_id or new_id(),
                 name=upload.name,
                 media_type=upload.media_type,
                 size=upload.size,
@@ -463,6 +489,13 @@ class ArtifactStore:
             )
             appended = await self.log.append(event)
             await self.wait_applied(appended.seq)
+        stored = self.state.artifacts.get(event.artifact_id)
+        if stored is None or stored.deleted:
+            raise Refused(
+                "bad_request",
+                f"put_id {event.artifact_id!r} was the id of an artifact deleted since; put "
+                "again with a new id",
+            )
         log.info(
             "artifact %s: %s bytes for %s (tree %s)",
             event.artifact_id,
