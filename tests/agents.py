@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
+
+import nats
 
 from agentgrove.context import AgentContext
 
@@ -48,3 +51,42 @@ async def spawns_children(ctx: AgentContext) -> str:
     ]
     results = [await ctx.wait(child, timeout=60) for child in children]
     return ",".join(result.reason for result in results)
+
+
+async def probe_credentials() -> dict[str, object]:
+    """Run as a command agent: which NATS user its environment names, whether the spawner's
+    password reached it, and what that user may publish (a terminate: no; a request: yes)."""
+    denied: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        denied.append(str(exc))
+
+    nc = await nats.connect(
+        os.environ["GROVE_NATS_URL"],
+        user=os.environ.get("GROVE_NATS_USER"),
+        password=os.environ.get("GROVE_NATS_PASSWORD"),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        await nc.publish(f"grove.terminate.{os.environ['GROVE_AGENT_ID']}", b"{}")
+        await nc.flush()
+        await asyncio.sleep(0.5)
+        terminate_denied = any("permissions violation" in d.lower() for d in denied)
+        denied.clear()
+        await nc.publish("grove.rpc.governor.status", b"{}")
+        await nc.flush()
+        await asyncio.sleep(0.5)
+    finally:
+        await nc.close()
+    return {
+        "user": os.environ.get("GROVE_NATS_USER"),
+        "url_has_user": "@" in os.environ["GROVE_NATS_URL"],
+        "terminate_denied": terminate_denied,
+        "request_allowed": not denied,
+    }
+
+
+def probe_credentials_main() -> None:
+    """The entry point of the command agent above: prints what it found as JSON."""
+    print(json.dumps(asyncio.run(probe_credentials())))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +73,22 @@ async def test_services_and_callers_work_under_their_own_users(secured_stack: St
 
     with pytest.raises(LogError):
         await EventLog.connect(secured_stack.url, allow_reconnect=False, reachable_within=2)
+
+
+async def test_an_agent_process_connects_as_the_producer_never_as_the_spawner(
+    secured_stack: Stack,
+) -> None:
+    probe = [sys.executable, "-c", "from tests.agents import probe_credentials_main as m; m()"]
+    async with await GroveClient.connect(secured_stack.caller_url) as client:
+        agent = await client.spawn("probe", build_config("command", command=probe))
+        result = await client.wait(agent, timeout=60)
+    assert result.reason == "completed", result.error
+    assert json.loads(result.summary) == {
+        "user": "producer",
+        "url_has_user": False,
+        "terminate_denied": True,
+        "request_allowed": True,
+    }
 
 
 def test_the_cli_finds_the_secured_stack_through_its_data_folder(secured_stack: Stack) -> None:

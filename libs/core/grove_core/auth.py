@@ -55,6 +55,21 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def without_user(url: str) -> str:
+    """`url` (or a comma-separated list of them) with no user or password in it."""
+    out = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        if parts.username is None and parts.password is None:
+            out.append(one.strip())
+            continue
+        netloc = parts.hostname or "127.0.0.1"
+        if parts.port:
+            netloc += f":{parts.port}"
+        out.append(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+    return ",".join(out)
+
+
 @dataclass(frozen=True)
 class LocalAuth:
     """Generated users of one local stack, stored in its data folder."""
@@ -90,6 +105,13 @@ class LocalAuth:
     def service_env(self, user: str) -> dict[str, str]:
         """The settings a service connects with."""
         return {"GROVE_NATS_USER": user, "GROVE_NATS_PASSWORD": self.passwords[user]}
+
+    def agent_env(self) -> dict[str, str]:
+        """What a spawner hands the agent processes it starts: the producer's user."""
+        return {
+            "GROVE_AGENT_NATS_USER": "producer",
+            "GROVE_AGENT_NATS_PASSWORD": self.passwords["producer"],
+        }
 
     def url_for(self, url: str, user: str) -> str:
         """The URL `user` connects with."""

@@ -219,6 +219,8 @@ class Stack:
             env["GROVE_SPAWNER_ID"] = spawner_id
         if self.local_auth is not None:
             env.update(self.local_auth.service_env(kind))
+            if kind == "spawner":
+                env.update(self.local_auth.agent_env())
         self.services[name] = ServiceProcess(
             name=name,
             module=SERVICE_MODULES[kind],

@@ -19,7 +19,7 @@ asks the agent to load it (`session/load`) when the agent supports that, and oth
 a new session and prompts it with the task and the resume message.
 
 The process gets the same environment as a `command` agent (GROVE_AGENT_ID, GROVE_NATS_URL,
-the spawner's NATS credentials), so it can run `grove mcp` as itself.
+the agent NATS credentials of the spawner's settings), so it can run `grove mcp` as itself.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from typing import Any
 
 from acp import (
@@ -54,7 +53,7 @@ from acp.schema import (
 from agentgrove.context import AgentContext, SessionEntry
 from agentgrove.routing import PermissionDenied
 from grove_spawner.acp_host import AcpHost, tool_capability
-from grove_spawner.runtimes import AgentRun, Outcome
+from grove_spawner.runtimes import AgentRun, Outcome, process_environment
 
 #: Seconds a cancelled agent gets to hear `session/cancel` before its process is closed.
 CANCEL_GRACE_S = 2.0
@@ -231,8 +230,7 @@ class AcpRuntime:
         argv = spawn.config.command
         assert argv is not None
         env = {
-            **os.environ,
-            **run.env,
+            **process_environment(run),
             "GROVE_TASK": spawn.task,
             "GROVE_SESSION_ID": spawn.session_id or spawn.agent_id,
             "GROVE_START": run.start,

@@ -24,6 +24,9 @@ from typing import Any, Protocol
 from agentgrove.context import AgentContext, AgentSession, StartKind
 from grove_events import SpawnEvent
 
+#: The spawner's own NATS credentials: never passed on to the processes of agents (they get
+#: the agent credentials of the spawner's settings, in `AgentRun.env`).
+SERVICE_CREDENTIALS = frozenset({"GROVE_NATS_USER", "GROVE_NATS_PASSWORD", "GROVE_NATS_CREDS"})
 #: How long a stopped subprocess gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
 #: How much of a failed command's stderr goes into the error.
@@ -106,6 +109,13 @@ class Runtime(Protocol):
         ...
 
 
+def process_environment(run: AgentRun) -> dict[str, str]:
+    """The environment of an agent's process: the spawner's, without its own credentials,
+    and the run's (the agent's id, the NATS URL, the agent credentials)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in SERVICE_CREDENTIALS}
+    return {**inherited, **run.env}
+
+
 def _as_text(value: Any) -> str:
     if value is None:
         return ""
@@ -177,8 +187,7 @@ class CommandRuntime:
         argv = spawn.config.command
         assert argv is not None
         child_env = {
-            **os.environ,
-            **run.env,
+            **process_environment(run),
             "GROVE_TASK": spawn.task,
             "GROVE_SESSION_ID": spawn.session_id or spawn.agent_id,
             "GROVE_START": run.start,

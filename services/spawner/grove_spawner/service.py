@@ -32,6 +32,7 @@ from pydantic import Field, model_validator
 from agentgrove.artifacts import ArtifactError, store_result
 from agentgrove.context import AgentContext, StartKind
 from grove_core import metrics
+from grove_core.auth import without_user
 from grove_core.log import (
     ConcurrencyConflict,
     Delivery,
@@ -137,6 +138,15 @@ class SpawnerSettings(ServiceSettings):
         "directory, and the bound of the files and terminals an ACP agent is served "
         "(GROVE_WORKSPACE; default: the spawner's working directory).",
     )
+    agent_nats_user: str | None = Field(
+        default=None,
+        description="The NATS user the processes of command and acp agents connect as "
+        "(GROVE_AGENT_NATS_USER; deployed: the producer user). They never get the spawner's.",
+    )
+    agent_nats_password: str | None = Field(default=None, description="GROVE_AGENT_NATS_PASSWORD")
+    agent_nats_creds: Path | None = Field(
+        default=None, description="A NATS .creds file for agent processes (GROVE_AGENT_NATS_CREDS)."
+    )
     session_sync: SessionSync = Field(
         default="normal",
         description="How a SQLite session file is synced: normal (at checkpoints; a power "
@@ -228,6 +238,7 @@ class Spawner:
         spawner_timeout: float = 15.0,
         stop_grace: float = 30.0,
         workspace: Path | None = None,
+        agent_credentials: dict[str, str] | None = None,
     ) -> None:
         self.log = event_log
         self.spawner_id = spawner_id
@@ -237,6 +248,8 @@ class Spawner:
         self.spawner_timeout = spawner_timeout
         self.stop_grace = stop_grace
         self.workspace = workspace or Path.cwd()
+        #: GROVE_NATS_* settings for the processes of agents (never the spawner's own).
+        self.agent_credentials = agent_credentials or {}
         self.running: dict[str, RunningAgent] = {}
         #: Whether a `pause_all` is in force (no `resume_all` after it yet).
         self.paused = False
@@ -445,7 +458,9 @@ class Spawner:
                 env={
                     "GROVE_AGENT_ID": spawn.agent_id,
                     "GROVE_TREE_ID": agent.tree_id,
-                    "GROVE_NATS_URL": self.nats_url,
+                    # The URL without any user in it: agents connect with their own.
+                    "GROVE_NATS_URL": without_user(self.nats_url),
+                    **self.agent_credentials,
                 },
                 start=agent.start,
                 message=agent.message,
@@ -857,6 +872,17 @@ class Spawner:
         await self.consumer.close()
 
 
+def agent_credentials(settings: SpawnerSettings) -> dict[str, str]:
+    """The GROVE_NATS_* variables agent processes connect with."""
+    out: dict[str, str] = {}
+    if settings.agent_nats_user:
+        out["GROVE_NATS_USER"] = settings.agent_nats_user
+        out["GROVE_NATS_PASSWORD"] = settings.agent_nats_password or ""
+    if settings.agent_nats_creds:
+        out["GROVE_NATS_CREDS"] = str(settings.agent_nats_creds)
+    return out
+
+
 async def setup(service: Service) -> None:
     """Start a spawner inside a service process."""
     assert service.log is not None
@@ -875,6 +901,7 @@ async def setup(service: Service) -> None:
         spawner_timeout=settings.spawner_timeout,
         stop_grace=settings.stop_grace,
         workspace=settings.workspace,
+        agent_credentials=agent_credentials(settings),
     )
     service.ready_checks.append(spawner.runner.ready)
     heartbeats = RpcServer(NAME, {"heartbeat": spawner.heard})
