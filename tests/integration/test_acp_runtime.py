@@ -66,6 +66,19 @@ async def question_of(client: GroveClient, agent: str) -> dict[str, Any]:
     return await asyncio.wait_for(find(), 30)
 
 
+async def tool_call_seen(client: GroveClient, agent: str, timeout: float = 30) -> None:
+    """Wait until the agent has reported a tool call (it is inside its prompt turn)."""
+
+    async def seen() -> None:
+        async for item in client.log.events(1, subjects=f"grove.status.{agent}", follow=True):
+            if isinstance(item, Recorded) and "tool call" in getattr(
+                getattr(item.event, "payload", None), "summary", ""
+            ):
+                return
+
+    await asyncio.wait_for(seen(), timeout)
+
+
 async def checkpoints(client: GroveClient, agent: str) -> list[str]:
     return [
         item.event.payload.summary
@@ -107,14 +120,7 @@ async def test_a_permission_request_becomes_a_question_up_the_tree(client: Grove
 async def test_a_stop_cancels_the_prompt_turn(client: GroveClient, tmp_path: Path) -> None:
     agent = await client.spawn("hang on", AGENT)
 
-    async def tool_call_seen() -> None:
-        async for item in client.log.events(1, subjects=f"grove.status.{agent}", follow=True):
-            if isinstance(item, Recorded) and "tool call" in getattr(
-                getattr(item.event, "payload", None), "summary", ""
-            ):
-                return
-
-    await asyncio.wait_for(tool_call_seen(), 30)
+    await tool_call_seen(client, agent)
     await client.stop(agent, "enough")
     assert (await client.wait(agent, timeout=30)).reason == "stopped"
     mark = tmp_path / "cancelled"
@@ -182,14 +188,7 @@ async def test_terminals_are_served_only_with_shell(client: GroveClient) -> None
 async def test_a_resumed_agent_loads_its_acp_session(client: GroveClient) -> None:
     agent = await client.spawn("hang on", AGENT)
 
-    async def tool_call_seen() -> None:
-        async for item in client.log.events(1, subjects=f"grove.status.{agent}", follow=True):
-            if isinstance(item, Recorded) and "tool call" in getattr(
-                getattr(item.event, "payload", None), "summary", ""
-            ):
-                return
-
-    await asyncio.wait_for(tool_call_seen(), 30)
+    await tool_call_seen(client, agent)
     await client.stop(agent, "later")
     assert (await client.wait(agent, timeout=30)).reason == "stopped"
     await client.resume(agent, "go on")

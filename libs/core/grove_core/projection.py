@@ -266,9 +266,7 @@ class ProjectionRunner(Generic[S]):
                 asyncio.to_thread(self.store.save, self.name, seq, changed)
             )
             try:
-                await asyncio.shield(self._writing)
-            except asyncio.CancelledError:
-                raise
+                await asyncio.shield(self._writing)  # a cancelled caller leaves it to finish
             except Exception as exc:  # noqa: BLE001 - any database failure is reported alike
                 self._write_failed(exc)
                 return False
