@@ -177,6 +177,9 @@ class RpcServer:
                 self._handler(verb)
             )
         await broker.start()
+        # Once the server has answered a ping it has every subscription: only then does the
+        # service count as serving (a request sent earlier would find no responders).
+        await (await broker.connect()).flush()
         self.broker = broker
 
     def is_serving(self) -> bool:

@@ -102,6 +102,10 @@ class Artifacts:
             reply = await self.log.nc.request(
                 rpc_subject("artifacts", verb), json.dumps(request).encode(), timeout=timeout
             )
+        except nats.errors.NoRespondersError:
+            raise ArtifactStoreUnavailable(
+                f"no artifact-store is answering `{verb}` (restarting, or not running: `grove up`)"
+            ) from None
         except (TimeoutError, nats.errors.Error):
             raise ArtifactStoreUnavailable(
                 f"the artifact-store did not answer `{verb}` within {timeout:g}s; is it "

@@ -152,7 +152,11 @@ class Routing:
             reply = await self.log.nc.request(
                 rpc_subject("router", verb), json.dumps(request).encode(), timeout=timeout
             )
-        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        except nats.errors.NoRespondersError:
+            raise RouterUnavailable(
+                f"no router is answering `{verb}` (restarting, or not running: `grove up`)"
+            ) from None
+        except (TimeoutError, nats.errors.TimeoutError):
             raise RouterUnavailable(
                 f"the router did not answer `{verb}` within {timeout:g}s; is it running "
                 "(`grove up`)?"
