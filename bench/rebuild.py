@@ -9,23 +9,25 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import rate
+from grove_artifacts import service as artifacts_service
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as artifacts_evolve
 from grove_core.log import EventLog, decode_record, is_deadletter
 from grove_core.projection import ProjectionRunner, ProjectionStore
-from grove_core.tree import TreeState
-from grove_core.tree import evolve as tree_evolve
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as governor_evolve
+from grove_router.domain import RouterState
+from grove_router.domain import evolve as router_evolve
+from grove_spawner import service as spawner_service
 from grove_spawner.domain import SpawnerState
 from grove_spawner.domain import evolve as spawner_evolve
 
-#: service -> (projection state, fold), as each service's runner is set up.
-PROJECTIONS: dict[str, tuple[type[Any], Any]] = {
-    "governor": (GovernorState, governor_evolve),
-    "spawner": (SpawnerState, spawner_evolve),
-    "router": (TreeState, tree_evolve),
-    "artifacts": (ArtifactIndex, artifacts_evolve),
+#: service -> (projection state, fold, kinds read), as each service's runner is set up.
+PROJECTIONS: dict[str, tuple[type[Any], Any, frozenset[str] | None]] = {
+    "governor": (GovernorState, governor_evolve, None),
+    "spawner": (SpawnerState, spawner_evolve, spawner_service.PROJECTION_KINDS),
+    "router": (RouterState, router_evolve, None),
+    "artifacts": (ArtifactIndex, artifacts_evolve, artifacts_service.PROJECTION_KINDS),
 }
 
 
@@ -52,10 +54,10 @@ async def rebuild(
     log: EventLog, service: str, folder: Path, timeout: float = 900.0
 ) -> dict[str, Any]:
     """Time one service's ProjectionRunner from an empty SQLite database to caught up."""
-    state_type, evolve = PROJECTIONS[service]
+    state_type, evolve, kinds = PROJECTIONS[service]
     store = ProjectionStore(_empty_database(folder, service))
     runner: ProjectionRunner[Any] = ProjectionRunner(
-        name=service, log=log, store=store, state_type=state_type, evolve=evolve
+        name=service, log=log, store=store, state_type=state_type, evolve=evolve, kinds=kinds
     )
     last = await log.last_seq()
     started = time.perf_counter()

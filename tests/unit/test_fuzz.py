@@ -19,6 +19,7 @@ from grove_core.log import Recorded
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import KINDS, InvalidEvent, decode, encode, subject_for, to_dict
+from grove_events.codec import _decode_stepwise
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as evolve_governor
 from grove_spawner.domain import SpawnerState
@@ -100,6 +101,33 @@ def test_a_valid_event_with_one_field_damaged_decodes_or_is_refused(
     if not isinstance(result, InvalidEvent):
         again = decode(subject_for(kind, "a"), encode(result), NOW)
         assert to_dict(again) == to_dict(result)
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(KINDS),
+    field=st.sampled_from(
+        ["event_id", "agent_id", "type", "timestamp", "schema_version", "session_id", "x"]
+    ),
+    value=json_values | st.sampled_from([1, 2, 3, 2.0, True, "2", "2026-01-01T00:00:00Z"]),
+)
+def test_the_direct_and_the_stepwise_decoding_agree(kind: str, field: str, value: Any) -> None:
+    # Most events are validated straight from their bytes; the step-by-step path is the
+    # reference for what is valid, what it decodes to and why it is refused.
+    damaged = {**body(kind, "a"), "timestamp": "2026-02-03T04:05:06.789Z", field: value}
+    data = json.dumps(damaged).encode()
+    direct = decode_or_reason(subject_for(kind, "a"), data)
+    try:
+        reference: Any = _decode_stepwise(kind, "a", data, NOW)
+    except InvalidEvent as exc:
+        reference = exc
+    if isinstance(reference, InvalidEvent):
+        assert isinstance(direct, InvalidEvent)
+        assert (direct.kind, direct.reason) == (reference.kind, reference.reason)
+    else:
+        assert not isinstance(direct, InvalidEvent)
+        assert type(direct) is type(reference)
+        assert to_dict(direct) == to_dict(reference)
 
 
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])

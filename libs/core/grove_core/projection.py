@@ -193,6 +193,10 @@ class ProjectionRunner(Generic[S]):
 
     `after_event(recorded, live)` runs after each event is folded, `live` once the runner has
     caught up with what was in the log when it started; `caught_up` is set at that moment.
+
+    `kinds` names the event kinds that `evolve` and `after_event` read (None: all). Messages of
+    other kinds are passed over undecoded (their sequence still counts as applied); the
+    services that read them validate them and dead-letter what is invalid.
     """
 
     def __init__(
@@ -205,6 +209,7 @@ class ProjectionRunner(Generic[S]):
         evolve: Evolve[S],
         after_event: AfterEvent | None = None,
         on_caught_up: CaughtUp | None = None,
+        kinds: frozenset[str] | None = None,
         batch_size: int = 1000,
         flush_interval: float = 0.25,
     ) -> None:
@@ -215,6 +220,7 @@ class ProjectionRunner(Generic[S]):
         self.evolve = evolve
         self.after_event = after_event
         self.on_caught_up = on_caught_up
+        self.kinds = kinds
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.caught_up = asyncio.Event()
@@ -318,7 +324,7 @@ class ProjectionRunner(Generic[S]):
                 if raw.seq <= self.applied_seq:
                     continue
                 live = self.caught_up.is_set()
-                if not is_deadletter(raw.subject):
+                if self._reads(raw.subject):
                     try:
                         recorded = decode_record(raw)
                     except InvalidEvent as exc:
@@ -342,6 +348,15 @@ class ProjectionRunner(Generic[S]):
                 self.flush()
             except Exception:
                 log.exception("%s: the last write failed; the log replays it", self.name)
+
+    def _reads(self, subject: str) -> bool:
+        """Whether the message on `subject` is an event this projection decodes."""
+        if is_deadletter(subject):
+            return False
+        if self.kinds is None:
+            return True
+        parts = subject.split(".", 2)
+        return len(parts) < 2 or parts[1] in self.kinds
 
     async def _write_periodically(self) -> None:
         while True:

@@ -10,7 +10,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from grove_events.kinds import Event
 from grove_events.subjects import parse_subject
-from grove_events.upcasting import upcast
+from grove_events.upcasting import current_version, upcast
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
@@ -48,11 +48,32 @@ def decode(subject: str, data: bytes, stream_timestamp: datetime | None = None) 
     Checks that the subject is an event subject, that its kind and agent match the body, upcasts
     older schema versions, and fills a missing `timestamp` with the stream's own timestamp so
     that every replay decodes the same event.
+
+    Most messages are current, complete events: those are validated straight from their bytes.
+    Anything else (invalid, older, without a timestamp) takes the step-by-step path, which
+    alone decides what an invalid message's reason is.
     """
     parsed = parse_subject(subject)
     if parsed is None:
         raise InvalidEvent("unknown", f"subject {subject!r} is not grove.<kind>.<agent_id>")
     kind, agent_id = parsed
+    try:
+        event = EVENT_ADAPTER.validate_json(data)
+    except ValidationError:
+        return _decode_stepwise(kind, agent_id, data, stream_timestamp)
+    if (
+        event.type != kind
+        or event.agent_id != agent_id
+        or event.timestamp is None
+        or event.schema_version != current_version(kind)
+    ):
+        return _decode_stepwise(kind, agent_id, data, stream_timestamp)
+    return event
+
+
+def _decode_stepwise(
+    kind: str, agent_id: str, data: bytes, stream_timestamp: datetime | None
+) -> Event:
     try:
         raw = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

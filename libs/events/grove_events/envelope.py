@@ -64,7 +64,9 @@ class Envelope(Model):
         default=None,
         description="UTC time of the fact; when missing, the stream's timestamp of the message.",
     )
-    schema_version: int = Field(default=1, ge=1, description="Version of this kind's schema.")
+    schema_version: int = Field(
+        default=1, ge=1, strict=True, description="Version of this kind's schema."
+    )
     causation_id: Token | None = Field(
         default=None, description="event_id of the event that caused this one."
     )

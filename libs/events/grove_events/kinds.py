@@ -153,7 +153,7 @@ class StatusEvent(Envelope):
     """A lifecycle fact or progress report, on `grove.status.<agent_id>`."""
 
     type: Literal["status"] = "status"
-    schema_version: int = Field(default=2, ge=1)
+    schema_version: int = Field(default=2, ge=1, strict=True)
     status_type: StatusType
     payload: StatusPayload = Field(default_factory=StatusPayload)
 

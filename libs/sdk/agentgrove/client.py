@@ -164,7 +164,7 @@ class GroveClient:
         """Whether the log has any event about this agent."""
         return await self.log.get_last(agent_wildcard(agent_id)) is not None
 
-    async def _control(self, agent_id: str, action: str, **fields: str | None) -> str:
+    async def _control(self, agent_id: str, action: str, **fields: Any) -> str:
         if not await self.exists(agent_id):
             raise UnknownAgent(agent_id)
         event = ControlEvent(

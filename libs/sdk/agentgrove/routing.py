@@ -242,7 +242,7 @@ class Routing:
             timestamp=datetime.now(UTC),
             causation_id=causation_id,
             correlation_id=correlation_id,
-            **{"from": self.identity},
+            from_=self.identity,
             to=to,
             topic=topic,
             content=content,

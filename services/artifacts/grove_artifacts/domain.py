@@ -122,6 +122,10 @@ class ArtifactIndex(KeyedState):
         return sum(self.blob_sizes.values())
 
 
+#: The event kinds `evolve` reads.
+FOLDED_KINDS = frozenset({"spawn", "fork", "artifact"})
+
+
 def evolve(state: ArtifactIndex, recorded: Recorded) -> ArtifactIndex:
     """Fold one event into the index."""
     event = recorded.event

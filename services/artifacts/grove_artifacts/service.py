@@ -56,7 +56,7 @@ from prometheus_client import Counter as Metric
 from prometheus_client import Gauge
 
 from grove_artifacts.blobs import CHUNK_BYTES, SHA256, BlobError, BlobStore
-from grove_artifacts.domain import ArtifactEntry, ArtifactIndex, evolve
+from grove_artifacts.domain import FOLDED_KINDS, ArtifactEntry, ArtifactIndex, evolve
 from grove_core.config import ArtifactLimits, load_config
 from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
@@ -69,6 +69,8 @@ from grove_events.envelope import TOKEN_PATTERN
 log = logging.getLogger(__name__)
 
 NAME = "artifacts"
+#: What the index reads of the log: what its fold reads (the hook reads artifacts only).
+PROJECTION_KINDS = FOLDED_KINDS
 #: Seconds an upload may wait for its next chunk before it is dropped.
 UPLOAD_IDLE_S = 60.0
 #: Longest wait for `after_seq`, or for the index to catch up with the log (shorter than a
@@ -197,6 +199,7 @@ class ArtifactStore:
             state_type=ArtifactIndex,
             evolve=evolve,
             after_event=self._after_event,
+            kinds=PROJECTION_KINDS,
         )
         self.seen_seq = 0
         self.uploads: dict[str, Upload] = {}

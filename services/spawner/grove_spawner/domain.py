@@ -78,6 +78,10 @@ class SpawnerState(KeyedState):
         return dict(out)
 
 
+#: The event kinds `evolve` reads.
+FOLDED_KINDS = frozenset({"status", "terminate"})
+
+
 def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
     """Fold one event into the spawner's state."""
     event = recorded.event

@@ -63,6 +63,7 @@ from grove_events import (
     subject_for,
 )
 from grove_spawner.domain import (
+    FOLDED_KINDS,
     SPAWNER_ID_DETAIL,
     START_KINDS,
     PeerWatch,
@@ -84,6 +85,8 @@ log = logging.getLogger(__name__)
 
 NAME = "spawner"
 DURABLE = "spawner"
+#: What the projection reads of the log: what its fold reads, and controls for the hook.
+PROJECTION_KINDS = FOLDED_KINDS | {"control"}
 HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
 #: How long one fetch of the durable consumer waits (DurableConsumer.run).
 FETCH_TIMEOUT_S = 1.0
@@ -266,6 +269,7 @@ class Spawner:
             evolve=evolve,
             after_event=self._after_event,
             on_caught_up=self._on_caught_up,
+            kinds=PROJECTION_KINDS,
         )
 
     # -- starting ----------------------------------------------------------------------------

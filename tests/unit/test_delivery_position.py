@@ -1,0 +1,48 @@
+"""Reading a delivery's place in the stream from its reply subject, as replays do."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import Base
+
+from grove_core.log import _stream_time, delivery_position
+
+# A stream time whose nanoseconds a float rounds up into the next millisecond.
+NANOSECONDS = 1_612_798_959_299_999_769
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"$JS.ACK.GROVE.replay.1.4711.12.{NANOSECONDS}.93",
+        f"$JS.ACK._.ACCHASH.GROVE.replay.1.4711.12.{NANOSECONDS}.93.token",
+        f"$JS.ACK.hub.ACCHASH.GROVE.replay.2.4711.12.{NANOSECONDS}.93",
+    ],
+)
+def test_both_reply_forms_give_the_sequence_pending_and_time(reply: str) -> None:
+    meta = Msg(_client=None, subject="grove.spawn.a", reply=reply).metadata  # type: ignore[arg-type]
+    position = delivery_position(reply)
+    assert position is not None
+    seq, pending, timestamp = position
+    assert (seq, pending) == (meta.sequence.stream, meta.num_pending) == (4711, 93)
+    assert timestamp == datetime(2021, 2, 8, 15, 42, 39, 299000, tzinfo=UTC)
+
+
+def test_the_time_is_the_one_a_direct_get_of_the_same_message_reads() -> None:
+    # A direct get carries the time as text with nanoseconds; both paths must agree, or a
+    # replay could decode an event without its own timestamp differently from a lookup.
+    header = "2021-02-08T15:42:39.299999769Z"
+    position = delivery_position(f"$JS.ACK.GROVE.replay.1.1.1.{NANOSECONDS}.0")
+    assert position is not None
+    assert position[2] == _stream_time(Base._parse_utc_iso(header))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["_INBOX.abc", "$JS.ACK.GROVE.replay.1.x.12.1.0", "$JS.NAK.GROVE.replay.1.1.1.1.0", ""],
+)
+def test_other_subjects_are_not_read_as_positions(reply: str) -> None:
+    assert delivery_position(reply) is None
