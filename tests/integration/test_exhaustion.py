@@ -84,6 +84,7 @@ async def test_a_full_log_refuses_appends_with_a_clear_error_and_loses_nothing(
     }
 
 
+@pytest.mark.local_nats
 async def test_services_wait_out_a_nats_outage_and_go_on(
     nats_server: NatsEndpoint, make_stack: StackFactory
 ) -> None:

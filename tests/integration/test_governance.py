@@ -223,3 +223,87 @@ async def test_resource_status_over_request_reply(
     assert answer["self"]["runtime_elapsed"] > 0
     await client.stop(kid)
     await client.stop(boss)
+
+
+async def admissions(log: EventLog) -> list[StatusEvent]:
+    """Every `admitted` status in the log, in log order."""
+    return [
+        item.event
+        async for item in log.events(1, subjects="grove.status.*")
+        if isinstance(item, Recorded)
+        and isinstance(item.event, StatusEvent)
+        and item.event.status_type == "admitted"
+    ]
+
+
+async def test_parent_spawn_rate_queues_its_children_in_arrival_order(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    rate = 2
+    make_stack(config=f"resources:\n  per_parent:\n    max_spawn_rate: {rate}\n")
+    busy = await client.spawn("30", SLEEPER)
+    other = await client.spawn("30", SLEEPER)
+    await wait_status(client.log, busy, "started")
+    await wait_status(client.log, other, "started")
+    kids = [await client.spawn(f"k{i}", QUICK, parent=busy) for i in range(6)]
+    others = [await client.spawn(f"o{i}", QUICK, parent=other) for i in range(2)]
+
+    results = [await client.wait(agent, timeout=30) for agent in [*kids, *others]]
+    assert [r.reason for r in results] == ["completed"] * 8
+    admitted_in_order = await admissions(client.log)
+    assert [s.agent_id for s in admitted_in_order if s.agent_id in kids] == kids  # each once
+    admitted = {s.agent_id: s for s in admitted_in_order}
+    queued = {}
+    for kid in kids:
+        waits = [s for s in await statuses(client.log, kid) if s.status_type == "queued"]
+        if waits:
+            queued[kid] = waits[0].payload.summary
+    assert set(kids[3:]) <= set(queued), "a burst of 2, then 2/s: the later ones wait"
+    assert all("per_parent.max_spawn_rate" in why for why in queued.values()), queued
+    # Burst of `rate`, then `rate` per second: the sixth is admitted two seconds after the first.
+    first, last = admitted[kids[0]].timestamp, admitted[kids[-1]].timestamp
+    assert first is not None
+    assert last is not None
+    assert (last - first).total_seconds() >= (len(kids) - rate) / rate - 0.01
+    # The rate is the parent's: another parent's children did not wait behind them.
+    for agent in others:
+        assert "queued" not in [s.status_type for s in await statuses(client.log, agent)]
+    for agent in (busy, other):
+        await client.stop(agent)
+
+
+async def test_tree_token_budget_rejects_new_spawns_and_stops_the_tree(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    make_stack(config="resources:\n  per_tree:\n    max_tokens: 1000\n", GROVE_TIMEOUT_GRACE="2")
+    root = await client.spawn("30", SLEEPER)
+    await wait_status(client.log, root, "started")
+    kid = await client.spawn("30", SLEEPER, parent=root)
+    bystander = await client.spawn("30", SLEEPER)
+    await wait_status(client.log, kid, "started")
+    await wait_status(client.log, bystander, "started")
+    # Each agent is under any budget of its own; together the tree is over its budget.
+    for agent, tokens in ((kid, 600), (root, 500), (bystander, 900)):
+        await client.log.append(
+            StatusEvent(
+                event_id=new_id(),
+                agent_id=agent,
+                status_type="checkpoint",
+                payload={"summary": "working", "details": {"tokens": tokens}},
+            )
+        )
+    await wait_status(client.log, root, "timeout_notice")
+    late = await client.spawn("1", QUICK, parent=root)
+    refused = await client.wait(late, timeout=20)
+    assert refused.reason == "rejected"
+    assert "per_tree.max_tokens=1000" in (refused.error or "")
+
+    for agent in (root, kid):
+        stopped = await client.wait(agent, timeout=30)
+        assert stopped.reason == "timeout"
+        assert "per_tree.max_tokens" in (stopped.error or "")
+    # Another tree's agents are not charged for this tree's usage.
+    kinds = [s.status_type for s in await statuses(client.log, bystander)]
+    assert "timeout_notice" not in kinds
+    await client.stop(bystander)
+    assert (await client.wait(bystander, timeout=20)).reason == "stopped"

@@ -285,3 +285,104 @@ async def test_the_cli_lists_answers_shows_and_sends(
     assert "via agent:" in inbox.stdout
     ghost = await asyncio.to_thread(grove, url, "send", "boo", "--to", "ghost")
     assert "no agent 'ghost'" in one_line_error(ghost)
+
+
+# -- capabilities enforced by the control plane ------------------------------------------------
+
+
+def scripted(*steps: str, **options: Any) -> tuple[str, Any]:
+    """The task and config of a `tests.messaging_agents:scripted` agent running `steps`."""
+    config = build_config("python", entrypoint="tests.messaging_agents:scripted", **options)
+    return json.dumps(list(steps)), config
+
+
+def spawn_refused(agent_id: str, holds: str) -> str:
+    return (
+        f"refused: parent {agent_id} does not hold the 'spawn' permission (it holds: {holds}); "
+        "it must ask for 'spawn' (a permission request) and have it approved before spawning"
+    )
+
+
+async def answer_next(
+    client: GroveClient, agent_id: str, answer: str, timeout: float = 30
+) -> dict[str, Any]:
+    """Answer the agent's next open request as it is asked; returns the request."""
+
+    async def asked() -> dict[str, Any]:
+        while True:
+            pending = await client.routing.pending(agent_id=agent_id)
+            if pending:
+                return pending[0]
+            await asyncio.sleep(0.1)
+
+    request = await asyncio.wait_for(asked(), timeout)
+    await client.answer(request["request_id"], answer)
+    return request
+
+
+async def test_the_governor_rejects_a_spawn_whose_parent_lacks_spawn_until_it_is_granted(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    stack = await asyncio.to_thread(make_stack)
+    task, config = scripted("spawn", "ask:spawn", "spawn", permissions=["fs.read"])
+    agent_id = await client.spawn(task, config)
+    request = await answer_next(client, agent_id, "approve")
+    assert (request["kind"], request["capability"]) == ("permission", "spawn")
+    result = await client.wait(agent_id, timeout=60)
+    assert result.reason == "completed", result.error
+    before, asked, after = json.loads(result.summary)
+    assert before == ["rejected", spawn_refused(agent_id, "fs.read")]
+    assert asked == "granted"
+    assert after == ["completed", "child done"]
+    children = (await client.routing.summary(agent_id))["children"]
+    assert [child["state"] for child in children] == ["rejected", "completed"]
+
+    # The decisions are a fold of the log: a governor rebuilt from an empty database comes to
+    # the same ones and has nothing to append.
+    tip = await client.log.last_seq()
+    await asyncio.to_thread(stack.services["governor"].stop)
+    for suffix in ("", "-wal", "-shm"):
+        (stack.data_dir / f"governor.db{suffix}").unlink(missing_ok=True)
+    await asyncio.to_thread(stack.restart, "governor")
+    for child in children:
+        status = await client.resource_status(child["agent_id"])
+        assert status["self"]["phase"] == "ended"
+    await asyncio.sleep(1.0)  # a few of the governor's ticks
+    assert await client.log.last_seq() == tip
+
+
+async def test_a_granted_capability_is_for_the_asking_agent_alone(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    parent = await client.spawn(
+        "60",
+        build_config("python", entrypoint="tests.agents:sleeper", permissions=["spawn", "fs.read"]),
+    )
+    # The sibling runs before the grant and checks after it (when told to go on).
+    task, config = scripted("read", "holds:shell", "holds:spawn", "spawn", permissions=["fs.read"])
+    sibling = await client.spawn(task, config, parent=parent)
+    task, config = scripted(
+        "ask:shell", "ask:spawn", "holds:shell", "spawn", permissions=["fs.read"]
+    )
+    asker = await client.spawn(task, config, parent=parent)
+    for capability in ("shell", "spawn"):
+        request = await answer_next(client, asker, "approve")
+        assert request["capability"] == capability
+    result = await client.wait(asker, timeout=60)
+    assert result.reason == "completed", result.error
+    assert json.loads(result.summary) == ["granted", "granted", True, ["completed", "child done"]]
+
+    await client.send("go on", to=sibling)
+    result = await client.wait(sibling, timeout=60)
+    assert result.reason == "completed", result.error
+    assert json.loads(result.summary) == [
+        "go on",
+        False,
+        False,
+        ["rejected", spawn_refused(sibling, "fs.read")],
+    ]
+    assert await client.routing.permissions(parent) == (["fs.read", "spawn"], [])
+    assert await client.routing.permissions(sibling) == (["fs.read"], [])
+    assert await client.routing.permissions(asker) == (["fs.read"], ["shell", "spawn"])
+    await client.stop(parent)

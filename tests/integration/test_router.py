@@ -18,6 +18,8 @@ from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
 from grove_events import (
     AgentConfig,
+    ControlEvent,
+    MessageEvent,
     SpawnEvent,
     StatusEvent,
     TerminateEvent,
@@ -318,3 +320,233 @@ async def test_an_agent_queries_the_router_from_its_context(
         "tree_agents": sorted([root, child]),
     }
     await client.stop(root)
+
+
+# -- what each automatic and explicit subscription brings, one by one --------------------------
+
+
+async def append_terminate(log: EventLog, agent_id: str, summary: str) -> None:
+    await log.append(
+        TerminateEvent(
+            event_id=new_id(), agent_id=agent_id, reason="completed", result={"summary": summary}
+        )
+    )
+
+
+async def test_a_child_spawned_without_subscribe_parent_does_not_reach_its_manager(
+    event_log: EventLog, router: Router
+) -> None:
+    routing = Routing(event_log)
+    await append_spawn(event_log, "manager")
+    await append_spawn(event_log, "quiet", parent="manager", subscribe_parent=False)
+    await append_spawn(event_log, "normal", parent="manager")
+    for agent in ("manager", "quiet", "normal"):
+        await append_status(event_log, agent, "started")
+    await append_terminate(event_log, "quiet", "quiet is done")
+    await append_terminate(event_log, "normal", "normal is done")
+
+    assert shape(await inbox_of(routing, "manager")) == [
+        ("terminate", "subtree:normal", "normal is done")
+    ]
+    subscriptions = (await routing.summary("manager"))["subscriptions"]
+    assert subscriptions == ["agent:manager", "subtree:normal"]
+    # The quiet child still hears its own line.
+    assert (await routing.summary("quiet"))["subscriptions"] == ["agent:quiet", "lineage:quiet"]
+
+
+async def test_a_task_subscription_brings_that_agent_s_statuses_and_end(
+    event_log: EventLog, router: Router
+) -> None:
+    routing = Routing(event_log)
+    await append_spawn(event_log, "worker")
+    await append_spawn(event_log, "watcher", subscriptions=["task:worker"])
+    await append_spawn(event_log, "bystander")
+    for agent in ("watcher", "worker", "bystander"):
+        await append_status(event_log, agent, "started")
+    await append_status(event_log, "worker", "checkpoint", "halfway")
+    await Routing(event_log, identity="bystander").send("for the worker only", to="worker")
+    await append_status(event_log, "bystander", "checkpoint", "not watched")
+    await append_terminate(event_log, "worker", "all done")
+
+    watched = await inbox_of(routing, "watcher")
+    assert shape(watched) == [
+        ("status", "task:worker", "status"),
+        ("status", "task:worker", "halfway"),
+        ("terminate", "task:worker", "all done"),
+    ]
+    assert {item.source for item in watched} == {"worker"}
+    assert await inbox_of(routing, "bystander") == []
+
+
+async def test_a_lineage_subscription_brings_an_ancestor_s_end_to_its_descendants(
+    event_log: EventLog, router: Router
+) -> None:
+    routing = Routing(event_log)
+    await append_spawn(event_log, "root")
+    await append_spawn(event_log, "mid", parent="root")
+    await append_spawn(event_log, "leaf", parent="mid")
+    await append_spawn(event_log, "other-root")
+    await append_spawn(event_log, "other-leaf", parent="other-root")
+    for agent in ("root", "mid", "leaf", "other-root", "other-leaf"):
+        await append_status(event_log, agent, "started")
+    await append_terminate(event_log, "root", "the root gave up")
+
+    leaf = await inbox_of(routing, "leaf")
+    assert shape(leaf) == [("terminate", "lineage:leaf", "the root gave up")]
+    assert (leaf[0].source, leaf[0].agent_path) == ("root", ["root"])
+    assert shape(await inbox_of(routing, "mid")) == [
+        ("terminate", "lineage:mid", "the root gave up")
+    ]
+    assert await inbox_of(routing, "other-leaf") == []
+    assert await inbox_of(routing, "other-root") == []
+
+
+# -- ttl and priority for a running agent that reads late --------------------------------------
+
+PHASED = "tests.messaging_agents:reads_in_phases"
+
+
+def phased_reader(**spec: Any) -> tuple[str, AgentConfig]:
+    return json.dumps(spec), build_config("python", entrypoint=PHASED)
+
+
+async def wait_checkpoint(client: GroveClient, agent_id: str, summary: str) -> None:
+    async def reported() -> None:
+        async for item in client.log.events(1, subjects=f"grove.status.{agent_id}", follow=True):
+            event = getattr(item, "event", None)
+            if isinstance(event, StatusEvent) and event.payload.summary == summary:
+                return
+
+    await asyncio.wait_for(reported(), 30)
+
+
+async def test_a_running_agent_that_reads_late_does_not_get_an_expired_message(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    task, config = phased_reader(phases=[[3, 0]], pause=2.0)
+    agent = await client.spawn(task, config)
+    await wait_running(client, agent)
+    await client.send("short-lived", to=agent, ttl=1.0)
+    await client.send("long-lived", to=agent, ttl=300)
+    await client.send("no ttl", to=agent)
+
+    result = await client.wait(agent, timeout=40)
+    assert result.reason == "completed", result.error
+    read = json.loads(result.summary)
+    assert [text for _, _, text, _ in read["entries"]] == ["long-lived", "no ttl"]
+    assert read["expired"] == 1
+    # It was delivered while the agent ran (observers still see it); only the reader skips it.
+    assert [item.text for item in await inbox_of(client.routing, agent)] == [
+        "short-lived",
+        "long-lived",
+        "no ttl",
+    ]
+
+
+async def test_a_running_agent_reads_what_waits_by_priority_then_log_order(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    task, config = phased_reader(phases=[[4, 1], [5, 3]])
+    agent = await client.spawn(task, config)
+    await wait_running(client, agent)
+    await client.send("low", to=agent, priority=-3)
+    await client.send("first", to=agent)
+    await client.send("high", to=agent, priority=7)
+    await client.send("second", to=agent)
+    # After its first read the agent holds three unread; a more urgent message then comes.
+    await wait_checkpoint(client, agent, "phase 0")
+    await client.send("urgent", to=agent, priority=9)
+
+    result = await client.wait(agent, timeout=40)
+    assert result.reason == "completed", result.error
+    read = json.loads(result.summary)
+    assert [text for _, _, text, _ in read["entries"]] == [
+        "high",
+        "urgent",
+        "first",
+        "second",
+        "low",
+    ]
+    assert read["expired"] == 0
+
+
+# -- messages between agents, through the agent API --------------------------------------------
+
+
+async def test_an_agent_s_message_is_acknowledged_and_answered_in_its_thread(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    responder = await client.spawn(
+        "answer one", build_config("python", entrypoint="tests.messaging_agents:responder")
+    )
+    requester = await client.spawn(
+        json.dumps({"to": responder, "correlation_id": "thread-7"}),
+        build_config("python", entrypoint="tests.messaging_agents:requester"),
+    )
+    asked = await client.wait(requester, timeout=40)
+    assert asked.reason == "completed", asked.error
+    answered = await client.wait(responder, timeout=40)
+    assert answered.reason == "completed", answered.error
+
+    got = json.loads(answered.summary)
+    assert got == {
+        "content": "ping",
+        "from": requester,
+        "correlation_id": "thread-7",
+        "requires_ack": True,
+    }
+    seen = json.loads(asked.summary)
+    sent = seen["sent"]
+    assert seen["ack"] == {
+        "from": responder,
+        "to": requester,
+        "ack_of": sent,
+        "correlation_id": "thread-7",
+        "causation_id": sent,
+        "content": f"ack {sent}",
+    }
+    assert (seen["reply"]["from"], seen["reply"]["correlation_id"]) == (responder, "thread-7")
+    assert seen["reply"]["ack_of"] is None
+    messages = [
+        item.event
+        async for item in client.log.events(1, subjects="grove.message.*")
+        if isinstance(getattr(item, "event", None), MessageEvent)
+    ]
+    original = next(m for m in messages if m.event_id == sent)
+    assert (original.from_, original.to, original.requires_ack, original.correlation_id) == (
+        requester,
+        responder,
+        True,
+        "thread-7",
+    )
+    # Acknowledged once, by the recipient, in the same thread.
+    assert [(m.from_, m.correlation_id) for m in messages if m.ack_of == sent] == [
+        (responder, "thread-7")
+    ]
+
+
+async def test_an_agent_injects_a_message_into_its_child_s_context(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    await asyncio.to_thread(make_stack)
+    parent = await client.spawn(
+        "steer a child",
+        build_config("python", entrypoint="tests.messaging_agents:injecting_parent"),
+    )
+    result = await client.wait(parent, timeout=60)
+    assert result.reason == "completed", result.error
+    outcome = json.loads(result.summary)
+    child = outcome["child"]
+    assert outcome["result"]["entries"] == [
+        ["control", f"agent:{child}", "injected: read me first", True],
+        ["message", f"agent:{child}", "plain message", False],
+    ]
+    injections = [
+        item.event
+        async for item in client.log.events(1, subjects=f"grove.control.{child}")
+        if isinstance(getattr(item, "event", None), ControlEvent)
+    ]
+    assert [(e.action, e.issued_by) for e in injections] == [("inject_message", parent)]

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from grove_events import ResourceLimits
+from grove_core.permissions import effective_permissions, holds, spawn_refusal
+from grove_events import AgentConfig, HitlEvent, ResourceLimits, SpawnEvent, new_id
 from grove_governor.domain import (
     AT_CAPACITY,
     MAX_CHILDREN,
@@ -320,3 +321,153 @@ def test_rows_round_trip_keeps_order_and_counts() -> None:
     assert again.paused
     assert again.trees["root"].agents == 2
     assert decide(again, CAP2, NOW, {}) == decide(state, CAP2, NOW, {})
+
+
+# -- the `spawn` capability, enforced by the governor ------------------------------------------
+
+
+def spawn_with(log: Log, agent_id: str, parent: str | None = None, **config: Any) -> None:
+    log.add(
+        SpawnEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            parent=parent,
+            task=f"task of {agent_id}",
+            config=AgentConfig(runtime="command", command=["true"], **config),
+            timestamp=T0,
+        )
+    )
+
+
+def ask(log: Log, agent_id: str, request_id: str, capability: str, **kw: Any) -> None:
+    log.add(
+        HitlEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            action="request",
+            request_id=request_id,
+            kind=kw.pop("kind", "permission"),
+            prompt=f"may {agent_id} use {capability}?",
+            capability=capability,
+            timestamp=T0,
+            **kw,
+        )
+    )
+
+
+def answer(log: Log, agent_id: str, request_id: str, text: str, by: str = "caller") -> None:
+    log.add(
+        HitlEvent(
+            event_id=new_id(),
+            agent_id=agent_id,
+            action="response",
+            request_id=request_id,
+            answer=text,
+            by=by,
+            timestamp=T0,
+        )
+    )
+
+
+NO_LIMITS = limits()
+
+
+def test_the_permission_rules_shared_by_router_and_governor() -> None:
+    assert effective_permissions(None, None) is None
+    assert effective_permissions(None, ["net", "fs.read", "net"]) == ["fs.read", "net"]
+    assert effective_permissions(["fs.read"], None) == ["fs.read"]
+    assert effective_permissions(["fs.read", "spawn"], ["spawn", "shell"]) == ["spawn"]
+    assert holds(None, [], "spawn")
+    assert holds([], ["spawn"], "spawn")
+    assert not holds(["fs.read"], ["shell"], "spawn")
+    assert spawn_refusal("p", ["spawn"], []) is None
+    refusal = spawn_refusal("p", ["fs.read"], ["shell"])
+    assert refusal is not None
+    assert "parent p does not hold the 'spawn' permission (it holds: fs.read, shell)" in refusal
+
+
+def test_a_child_of_a_parent_without_spawn_is_rejected_naming_the_permission() -> None:
+    log = Log()
+    spawn_with(log, "root", permissions=["fs.read"])
+    admit(log, "root")
+    spawn_with(log, "kid", parent="root")
+    state = fold(log)
+    assert state.agents["root"].permissions == ["fs.read"]
+    [decision] = decide(state, NO_LIMITS, NOW, {})
+    assert isinstance(decision, Reject)
+    assert decision.agent_id == "kid"
+    assert "parent root does not hold the 'spawn' permission" in decision.error
+
+
+def test_spawn_by_default_and_by_intersection() -> None:
+    log = Log()
+    spawn_with(log, "root")  # a root without permissions holds every capability
+    spawn_with(log, "kid", parent="root")  # inherits them: may spawn too
+    spawn_with(log, "grandkid", parent="kid", permissions=["spawn", "fs.read"])
+    spawn_with(log, "tight", parent="grandkid", permissions=["fs.read", "net"])
+    spawn_with(log, "refused", parent="tight")
+    state = fold(log)
+    assert [state.agents[a].permissions for a in ("root", "kid", "grandkid", "tight")] == [
+        None,
+        None,
+        ["fs.read", "spawn"],
+        ["fs.read"],
+    ]
+    decisions = decide(state, NO_LIMITS, NOW, {})
+    assert [type(d).__name__ for d in decisions] == ["Admit"] * 4 + ["Reject"]
+    assert decisions[-1].agent_id == "refused"
+
+
+def test_an_approved_permission_request_lets_that_agent_alone_spawn() -> None:
+    log = Log()
+    spawn_with(log, "root", permissions=["fs.read"])
+    spawn_with(log, "sibling", parent="root", permissions=["spawn"])  # root lacks it: none
+    ask(log, "root", "r1", "spawn", agent_path=["root"])
+    answer(log, "root", "r1", "Approve")
+    spawn_with(log, "kid", parent="root")
+    spawn_with(log, "nephew", parent="sibling")
+    state = fold(log)
+    assert state.agents["root"].granted == ["spawn"]
+    assert state.agents["kid"].permissions == ["fs.read"]  # a grant is not inherited
+    verdicts = {d.agent_id: d for d in decide(state, NO_LIMITS, NOW, {})}
+    assert isinstance(verdicts["kid"], Admit)
+    assert isinstance(verdicts["sibling"], Reject)  # spawned before the grant
+    assert isinstance(verdicts["nephew"], Reject)
+    assert "parent sibling does not hold the 'spawn' permission" in verdicts["nephew"].error
+
+
+def test_denied_forged_and_second_answers_grant_nothing() -> None:
+    log = Log()
+    spawn_with(log, "root", permissions=[])
+    spawn_with(log, "other", permissions=[])
+    ask(log, "root", "denied", "spawn")
+    answer(log, "root", "denied", "deny")
+    answer(log, "root", "denied", "approve")  # the first answer stands
+    ask(log, "root", "about-other", "spawn")
+    answer(log, "other", "about-other", "approve")  # published about another agent
+    ask(log, "root", "outsider", "spawn")
+    answer(log, "root", "outsider", "approve", by="other")  # an agent of another tree
+    ask(log, "root", "question", "spawn", kind="question")
+    answer(log, "root", "question", "yes")  # a question grants nothing
+    spawn_with(log, "kid", parent="root")
+    state = fold(log)
+    assert state.agents["root"].granted == []
+    assert isinstance(decide(state, NO_LIMITS, NOW, {})[-1], Reject)
+
+
+def test_the_rejection_is_the_same_replayed_and_reloaded_from_rows() -> None:
+    log = Log()
+    spawn_with(log, "root", permissions=["fs.read"])
+    spawn_with(log, "early", parent="root")
+    ask(log, "root", "r1", "spawn")
+    answer(log, "root", "r1", "yes")
+    spawn_with(log, "late", parent="root")
+    state = fold(log)
+    expected = decide(state, NO_LIMITS, NOW, {})
+    assert [type(d).__name__ for d in expected] == ["Admit", "Reject", "Admit"]
+    assert decide(fold(log), NO_LIMITS, NOW, {}) == expected
+    rows = {k: v for k, v in state.take_dirty().items() if v is not None}
+    again = GovernorState.from_rows(rows)
+    assert again.agents == state.agents
+    assert again.requests == state.requests
+    assert decide(again, NO_LIMITS, NOW, {}) == expected

@@ -78,10 +78,10 @@ class RoutingLog(Log):
         )
 
 
-def fold(log: Log) -> RouterState:
+def fold(log: Log, message_rate: float | None = None) -> RouterState:
     state = RouterState()
     for recorded in log.records:
-        state = evolve(state, recorded)
+        state = evolve(state, recorded, message_rate)
     return state
 
 
@@ -121,6 +121,42 @@ def test_a_parent_receives_its_child_s_result_but_not_its_progress() -> None:
     # The grandkid had ended when its parent did: that notice waits for its next start.
     assert inbox_types(state, "grandkid") == []
     assert [e.via for e in state.routes["grandkid"].held] == ["lineage:grandkid"]
+
+
+def test_a_child_s_failure_reaches_its_manager_but_its_progress_does_not() -> None:
+    log = running_tree()
+    log.spawn_with("loner", parent="kid", subscribe_parent=False)
+    log.status("grandkid", "checkpoint", "tried the front door")
+    log.status(
+        "grandkid",
+        "failed",
+        "RuntimeError: locked",
+        error="RuntimeError: locked",
+        attempted=["tried the front door"],
+        partial_results=["half a map"],
+    )
+    log.terminate("grandkid", "failed")
+    log.status("loner", "failed", "also failed")
+    state = fold(log)
+    assert inbox_types(state, "kid") == [
+        ("status", "subtree:grandkid"),
+        ("terminate", "subtree:grandkid"),
+    ]
+    failed = state.inbox("kid")[0]
+    assert (failed.seq, failed.source) == (log.records[-3].seq, "grandkid")
+    # Only the manager subscribes to its child's subtree; nothing is echoed to the child.
+    assert inbox_types(state, "root") == []
+    assert inbox_types(state, "grandkid") == []
+
+
+def test_a_failure_reaches_a_task_subscriber_and_a_manager_once() -> None:
+    log = running_tree()
+    log.spawn_with("watcher", subscriptions=["task:grandkid", "subtree:grandkid"])
+    log.status("watcher", "started")
+    log.status("grandkid", "failed", "broke")
+    state = fold(log)
+    assert inbox_types(state, "watcher") == [("status", "task:grandkid")]
+    assert inbox_types(state, "kid") == [("status", "subtree:grandkid")]
 
 
 def test_lineage_brings_ancestors_announcements_and_ends() -> None:
@@ -330,3 +366,77 @@ def test_an_agent_of_another_tree_cannot_answer_and_nor_can_a_misaddressed_answe
     log.answer("grandkid", "q1", "from the manager", by="kid")
     state = fold(log)
     assert state.requests["q1"].answer == "from the manager"
+
+
+# -- the global message rate ------------------------------------------------------------------
+
+
+def test_messages_over_the_rate_are_paced_in_log_order_not_dropped() -> None:
+    log = running_tree()
+    for i in range(20):
+        log.message("root", f"m{i}", to="kid")
+    log.terminate("grandkid", "completed")
+    log.message("root", "after a pause", to="kid", at=10.0)
+    state = fold(log, message_rate=5)
+    entries = state.inbox("kid")
+    assert [e.type for e in entries] == ["message"] * 20 + ["terminate", "message"]
+    # A burst of five at once, then one every 1/5 s; the rate has refilled ten seconds later.
+    assert [e.not_before for e in entries[:5]] == [None] * 5
+    for k, entry in enumerate(entries[5:20], start=1):
+        due = entry.due_at()
+        assert due is not None
+        assert abs((due - T0).total_seconds() - 0.2 * k) < 1e-3
+    assert entries[20].not_before is None
+    assert entries[21].not_before is None
+
+
+def test_an_inbox_is_served_up_to_the_first_entry_held_back() -> None:
+    log = running_tree()
+    for i in range(20):
+        log.message("root", f"m{i}", to="kid")
+    log.terminate("grandkid", "completed")
+    state = fold(log, message_rate=5)
+    entries = state.inbox("kid")
+    half_second = T0 + timedelta(seconds=0.5)
+    assert state.inbox("kid", now=half_second) == entries[:7]
+    assert state.held_back("kid", 0, half_second) is entries[7]
+    assert state.inbox("kid", 7, now=half_second) == []
+    # The terminate needs no pacing, but it waits behind the paced messages before it.
+    later = T0 + timedelta(seconds=3.1)
+    assert state.inbox("kid", 7, now=later) == entries[7:]
+    assert state.held_back("kid", 7, later) is None
+    assert state.inbox("kid", 7, limit=2, now=later) == entries[7:9]
+
+
+def test_without_a_message_rate_nothing_is_paced() -> None:
+    log = running_tree()
+    for i in range(50):
+        log.message("root", f"m{i}", to="kid")
+    state = fold(log)
+    assert all(e.not_before is None for e in state.inbox("kid"))
+    assert state.take_dirty().get("pace:messages") is None
+
+
+def test_the_pace_is_the_same_on_replay_and_from_stored_rows() -> None:
+    log = running_tree()
+    log.spawn_with("late")
+    for i in range(6):
+        log.message("root", f"m{i}", to="kid")
+        log.message("root", f"to late {i}", to="late", priority=i)
+    head = len(log.records)
+    stored = fold(log, message_rate=2)
+    rows = {k: v for k, v in stored.take_dirty().items() if v is not None}
+    for i in range(4):
+        log.message("root", f"n{i}", to="kid", at=1.0)
+    log.status("late", "started", at=2.0)
+    whole = fold(log, message_rate=2)
+    resumed = RouterState.from_rows(rows)
+    for recorded in log.records[head:]:
+        resumed = evolve(resumed, recorded, 2)
+    assert resumed.inboxes == whole.inboxes
+    assert resumed.pace == whole.pace
+    assert fold(log, message_rate=2).inboxes == whole.inboxes
+    # Held for an agent not running, a paced message keeps its moment when it is delivered.
+    late = whole.inbox("late")
+    assert [e.priority for e in late] == [5, 4, 3, 2, 1, 0]
+    assert sum(e.not_before is not None for e in late) == 5

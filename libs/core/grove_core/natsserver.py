@@ -88,6 +88,9 @@ class LocalNatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, **self.env} if self.env else None,
+            # Its own process group: a Ctrl-C at the terminal reaches whoever started it, who
+            # stops the services first and the server last, not the server at once.
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"

@@ -286,12 +286,27 @@ class GroveClient:
         return await self.routing.answer(request_id, answer)
 
     async def wait(self, agent_id: str, timeout: float | None = None) -> AgentResult:
-        """Wait for the agent's terminate event; TimeoutError after `timeout` seconds."""
+        """Wait for the agent's terminate event; TimeoutError after `timeout` seconds. A failed
+        agent's result carries what its `failed` status says it attempted and had done."""
         recorded = await self.log.wait_for(subject_for("terminate", agent_id), timeout)
         event = recorded.event
         if not isinstance(event, TerminateEvent):
             raise LogError(f"unexpected event on the terminate subject of {agent_id}")
-        return AgentResult.from_event(event)
+        failure = await self._failure_before(recorded) if event.reason == "failed" else None
+        return AgentResult.from_event(event, failure)
+
+    async def _failure_before(self, terminate: Recorded) -> StatusEvent | None:
+        """The agent's `failed` status when it is its last status before this terminate."""
+        raw = await self.log.get_last(subject_for("status", terminate.event.agent_id))
+        if raw is None or raw.seq > terminate.seq:
+            return None
+        try:
+            status = decode(raw.subject, raw.data, raw.timestamp)
+        except InvalidEvent:
+            return None
+        if isinstance(status, StatusEvent) and status.status_type == "failed":
+            return status
+        return None
 
     async def summary(self, agent_id: str) -> dict[str, Any]:
         """An agent's state, task, last status, children, pending questions and usage."""

@@ -348,7 +348,9 @@ class AgentContext:
         """Send a message to an agent (`to`) or a topic; returns its event id.
 
         Higher `priority` (-10..10) is read first among what the recipient has not read; a
-        message whose `ttl` (seconds) has run out before the recipient runs is not delivered.
+        message whose `ttl` (seconds) has run out before the recipient reads it is not handed to
+        it. With `requires_ack`, the recipient acknowledges it as it takes it: a message back to
+        this agent whose `ack_of` is this message's id, with the same `correlation_id`.
         """
         await self.pause_point()
         return await self._routing.send(
@@ -370,14 +372,21 @@ class AgentContext:
 
     async def next_message(self, timeout: float | None = None) -> InboxItem:
         """The next entry of this agent's inbox, waiting for one (TimeoutError after
-        `timeout` seconds). Injected messages come first, then higher priority, then log order.
-        A message that `requires_ack` is acknowledged as it is taken."""
+        `timeout` seconds). Injected messages come first, then higher priority, then log order;
+        messages whose ttl has run out are skipped (see `expired_messages`). A message that
+        `requires_ack` is acknowledged as it is taken."""
         item = await self._inbox.next(timeout)
         await self._acknowledge(item)
         return item
 
+    @property
+    def expired_messages(self) -> int:
+        """Messages this instance skipped unread because their ttl had run out."""
+        return self._inbox.expired
+
     async def inbox(self) -> list[InboxItem]:
-        """Everything in this agent's inbox now, in reading order, taken at once."""
+        """Everything in this agent's inbox now, in reading order, taken at once (without the
+        messages whose ttl has run out)."""
         items = await self._inbox.available()
         for item in items:
             await self._acknowledge(item)
@@ -768,7 +777,21 @@ class ReadInboxArguments(ToolArguments):
 
 
 def _inbox_entry(item: InboxItem) -> dict[str, Any]:
-    return {"type": item.type, "from": item.source, "via": item.via, "text": item.text}
+    entry: dict[str, Any] = {
+        "type": item.type,
+        "from": item.source,
+        "via": item.via,
+        "text": item.text,
+    }
+    event = item.event
+    if isinstance(event, StatusEvent) and event.status_type == "failed":
+        # A child's failure: what it attempted and had done, for the parent to decide on.
+        details = event.payload.details
+        entry["status"] = "failed"
+        for key in ("attempted", "partial_results"):
+            if details.get(key):
+                entry[key] = details[key]
+    return entry
 
 
 async def _spawn_tool(ctx: AgentContext, args: SpawnAgentArguments) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 A root `python` agent delegates with the `task` tool to two built-in `explore` subagents that
 search AgentGrove's own documentation (one about replaying the log, one about metrics), at the
-same time. It then hands their findings to a `writer` child, which asks a person through the
-human-in-the-loop path how detailed its report should be, and writes a report longer than its
-return budget: the parent receives the summary cut to the budget and the handle of the full
-report, which it reads from the artifact-store. The root returns what it learned.
+same time. It then hands their findings to two children at once: a `writer` (python), which
+asks a person through the human-in-the-loop path how detailed its report should be and writes a
+report longer than its return budget, so the parent receives the summary cut to the budget and
+the handle of the full report, which it reads from the artifact-store; and a `command` agent, a
+small program that reads the findings on stdin and tallies the passages per document. The root
+returns what it learned.
 
 With `grove demo --llm` the root runs on the `openai` runtime instead, with the same tools.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 
 from agentgrove.context import AgentContext
@@ -39,6 +42,21 @@ WRITER_BUDGET = 600
 WRITER_TIMEOUT_S = 600.0
 QUESTION = "The report is long. Include every finding with its file and line?"
 OPTIONS = ["yes", "no (the first five of each)"]
+#: The command agent's program: any CLI would do; this one is Python's standard library only.
+#: It reads the findings (JSON, `{topic: ["path:line: text", ...]}`) on stdin and prints one
+#: line: how many passages each document gave.
+TALLY_SCRIPT = """\
+import collections, json, sys
+found = json.load(sys.stdin)
+per_document = collections.Counter(
+    passage.split(":", 1)[0] for passages in found.values() for passage in passages
+)
+ranked = ", ".join(f"{name} ({count})" for name, count in sorted(per_document.items()))
+total = sum(per_document.values())
+print(f"tallied {total} passages from {len(per_document)} documents: {ranked or 'none'}")
+"""
+#: How long the root waits for the command agent.
+TALLY_TIMEOUT_S = 60.0
 
 _WORKSPACE_LINE = re.compile(r"(?im)^\s*workspace:\s*(\S+)\s*$")
 
@@ -62,13 +80,19 @@ def workspace_in(task: str) -> Path:
     return Path(found.group(1)) if found else documentation_folder()
 
 
+def tally_command() -> list[str]:
+    """The command agent's argv: this Python, isolated from the environment, on TALLY_SCRIPT."""
+    return [sys.executable, "-I", "-c", TALLY_SCRIPT]
+
+
 def findings_of(result: SubAgentResult) -> list[str]:
     """The finding lines of an explore report (`- path:line: text`)."""
     return [line[2:] for line in result.content.splitlines() if line.startswith("- ")]
 
 
 async def root(ctx: AgentContext) -> str:
-    """Delegate to two explorers at once, have the writer report, read the full report."""
+    """Delegate to two explorers at once; have the writer report and a command agent tally
+    the findings, at once; read the full report."""
     workspace = workspace_in(ctx.task)
     await ctx.checkpoint(f"delegating to two explore subagents in {workspace}")
     replay, metrics = await asyncio.gather(
@@ -86,23 +110,30 @@ async def root(ctx: AgentContext) -> str:
     found = {"replay": findings_of(replay), "metrics": findings_of(metrics)}
     await ctx.checkpoint(
         f"explorers found {len(found['replay'])} and {len(found['metrics'])} passages; "
-        "handing them to the writer"
+        "handing them to the writer and to a command agent that tallies them"
     )
     writer = await ctx.spawn_agent(
         json.dumps(found), entrypoint=WRITER_ENTRYPOINT, return_budget=WRITER_BUDGET
     )
-    report = await ctx.wait(writer, timeout=WRITER_TIMEOUT_S)
+    tally = await ctx.spawn_agent(json.dumps(found), runtime="command", command=tally_command())
+    report, counted = await asyncio.gather(
+        ctx.wait(writer, timeout=WRITER_TIMEOUT_S), ctx.wait(tally, timeout=TALLY_TIMEOUT_S)
+    )
+    if not counted.ok:
+        raise RuntimeError(f"the command agent {counted.reason}: {counted.error}")
     if not report.ok:
         raise RuntimeError(f"the writer {report.reason}: {report.error}")
+    tallied = counted.summary.strip().split(":", 1)[0]  # "tallied N passages from M documents"
     if report.artifact is None:
-        return f"report ({len(report.summary)} characters): {report.summary}"
+        return f"{tallied}; report ({len(report.summary)} characters): {report.summary}"
     full = (await ctx.get_artifact(report.artifact)).decode()
     await ctx.discovery(f"the full report is artifact {report.artifact}")
     return (
         f"explore found {len(found['replay'])} passages on replay and "
         f"{len(found['metrics'])} on metrics; the writer's report came back as "
         f"{len(report.summary)} characters of summary (truncated={report.truncated}) and the "
-        f"full {len(full)} characters as artifact {report.artifact}"
+        f"full {len(full)} characters as artifact {report.artifact}; the command agent "
+        f"{tallied}"
     )
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import heapq
 import json
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +45,8 @@ RETRY_S = 0.5
 ROUTER_RESTART_S = 60.0
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 async def riding_out_restarts(
@@ -113,6 +116,12 @@ class InboxItem:
     priority: int = 0
     via: str = ""
     injected: bool = False
+    #: When a message's ttl runs out (None: never); an agent is not handed it after that.
+    expires: datetime | None = None
+
+    def expired_at(self, moment: datetime) -> bool:
+        """Whether the entry's ttl ran out before `moment`."""
+        return self.expires is not None and self.expires < moment
 
     @property
     def type(self) -> str:
@@ -411,10 +420,19 @@ class Routing:
                 priority=entry["priority"],
                 via=entry["via"],
                 injected=entry["injected"],
+                expires=_moment(entry.get("expires")),
             )
             for entry in answer["entries"]
         ]
         return items, answer
+
+
+def _moment(text: str | None) -> datetime | None:
+    """An ISO 8601 time as an aware UTC datetime (None stays None)."""
+    if text is None:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 @dataclass(order=True)
@@ -425,11 +443,25 @@ class _Queued:
 
 class InboxReader:
     """Reads one agent's inbox in order: injected messages first, then higher priority, then
-    log order among what has arrived; the cursor is how far everything has been taken."""
+    log order among what is waiting unread; the cursor is how far everything has been taken.
 
-    def __init__(self, routing: Routing, agent_id: str) -> None:
+    A message whose ttl ran out before it is handed out is skipped (taken without being given
+    to the agent), counted in `expired` and logged: a ttl holds for a running agent that reads
+    late as it does for one that was not running when the message came.
+    """
+
+    def __init__(
+        self,
+        routing: Routing,
+        agent_id: str,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.routing = routing
         self.agent_id = agent_id
+        self.clock = clock
+        #: Entries skipped because their ttl had run out when they would have been handed out.
+        self.expired = 0
         self._fetched: int | None = None
         self._buffer: list[_Queued] = []
         self._lock = asyncio.Lock()
@@ -461,10 +493,33 @@ class InboxReader:
             heapq.heappush(self._buffer, _Queued((-item.priority, item.index), item))
             self._fetched = max(self._fetched, item.index)
 
+    def _drop_expired(self) -> None:
+        """Take out of the buffer, unread, the entries whose ttl has run out by now."""
+        now = self.clock()
+        kept: list[_Queued] = []
+        for queued in self._buffer:
+            item = queued.item
+            if not item.expired_at(now):
+                kept.append(queued)
+                continue
+            self.expired += 1
+            log.info(
+                "inbox of %s: skipped message %s (seq %d) from %s: its ttl ran out at %s",
+                self.agent_id,
+                item.event.event_id,
+                item.seq,
+                item.source,
+                item.expires,
+            )
+        if len(kept) < len(self._buffer):
+            heapq.heapify(kept)
+            self._buffer = kept
+
     async def available(self) -> list[InboxItem]:
         """Everything in the inbox now, in reading order, taken at once."""
         async with self._lock:
             await self._fill(0.0)
+            self._drop_expired()
             return [heapq.heappop(self._buffer).item for _ in range(len(self._buffer))]
 
     async def next(
@@ -475,6 +530,11 @@ class InboxReader:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         async with self._lock:
+            if self._buffer:
+                # What came since the last read is ranked with what is still waiting: a
+                # message of higher priority goes before older ones not read yet.
+                with contextlib.suppress(RouterUnavailable):
+                    await self._fill(0.0)
             while True:
                 found = self._take(match)
                 if found is not None:
@@ -489,6 +549,7 @@ class InboxReader:
                     await asyncio.sleep(RETRY_S)
 
     def _take(self, match: Callable[[InboxItem], bool] | None) -> InboxItem | None:
+        self._drop_expired()
         for queued in sorted(self._buffer):
             if match is None or match(queued.item):
                 self._buffer.remove(queued)

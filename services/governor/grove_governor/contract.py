@@ -6,6 +6,7 @@ from grove_core.asyncapi import Channel, Contract, asyncapi_app
 from grove_events import (
     ControlEvent,
     ForkEvent,
+    HitlEvent,
     SpawnEvent,
     StatusEvent,
     TerminateEvent,
@@ -37,6 +38,12 @@ CONTRACT = Contract(
             kind_wildcard("control"),
             "stop (before start: cancelled), resume (admitted again), pause_all, resume_all.",
             ControlEvent,
+        ),
+        Channel(
+            kind_wildcard("hitl"),
+            "Permission requests and their answers: an approved request for `spawn` lets that "
+            "agent alone spawn; a spawn whose parent does not hold `spawn` is rejected.",
+            HitlEvent,
         ),
     ),
     appends=(

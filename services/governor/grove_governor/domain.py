@@ -8,18 +8,30 @@ the same state and the same decisions.
 The limits that apply to an agent are the config file's, tightened (never loosened) by its own
 spawn's `config.resource_limits` (per_agent), its parent's (per_parent, for the parent's
 children) and the root's (per_tree, for the whole tree, forks and nesting included).
+
+Capabilities are enforced here too, not only in the agent's own process: a spawn whose parent
+does not hold `spawn` (its effective permissions, or a grant of its own from an approved
+`permission` request earlier in the log) is rejected, by the rules of `grove_core.permissions`
+that the router folds alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Self
 
 from grove_core.log import Recorded
+from grove_core.permissions import (
+    AskedRequest,
+    effective_permissions,
+    refused_answer,
+    spawn_refusal,
+)
 from grove_core.projection import KeyedState
 from grove_events import (
     ControlEvent,
     ForkEvent,
+    HitlEvent,
     PerAgentLimits,
     PerParentLimits,
     PerTreeLimits,
@@ -133,8 +145,13 @@ class AgentSlot:
     children_holding: int = 0
     stop_reason: str | None = None
     child_bucket: Bucket = field(default_factory=Bucket)
-    #: The spawn names a parent the log does not know, or one in another tree (see `reason`).
+    #: The spawn is refused whatever the limits (see `reason`): it names a parent the log does
+    #: not know, or one in another tree, or one that does not hold the `spawn` capability.
     forged: bool = False
+    #: Effective capabilities (None: all), as `grove_core.permissions.effective_permissions`.
+    permissions: list[str] | None = None
+    #: Capabilities granted to this agent alone by approved permission requests.
+    granted: list[str] = field(default_factory=list)
 
     def to_row(self, order: int) -> dict[str, Any]:
         """Stored form."""
@@ -162,6 +179,8 @@ class AgentSlot:
             "stop_reason": self.stop_reason,
             "child_bucket": [self.child_bucket.tokens, self.child_bucket.at],
             "forged": self.forged,
+            "permissions": self.permissions,
+            "granted": self.granted,
         }
 
     @classmethod
@@ -211,6 +230,7 @@ class TreeBudget:
 
 GLOBAL_KEY = "~global"
 TREE_PREFIX = "~tree:"
+REQUEST_PREFIX = "~hitl:"
 
 
 @dataclass
@@ -222,6 +242,8 @@ class GovernorState(KeyedState):
     holding: int = 0
     paused: bool = False
     bucket: Bucket = field(default_factory=Bucket)
+    #: HITL requests by id, for the capabilities an approved permission request grants.
+    requests: dict[str, AskedRequest] = field(default_factory=dict)
     #: Agents waiting for something the governor appends, in arrival order.
     undecided: dict[str, None] = field(default_factory=dict, repr=False, compare=False)
     #: Agents that run, for the runtime and token checks.
@@ -236,6 +258,9 @@ class GovernorState(KeyedState):
         if key.startswith(TREE_PREFIX):
             tree = self.trees.get(key[len(TREE_PREFIX) :])
             return None if tree is None else tree.to_row()
+        if key.startswith(REQUEST_PREFIX):
+            request = self.requests.get(key[len(REQUEST_PREFIX) :])
+            return None if request is None else asdict(request)
         slot = self.agents.get(key)
         return None if slot is None else slot.to_row(self.order[key])
 
@@ -258,6 +283,8 @@ class GovernorState(KeyedState):
         for key, row in rows.items():
             if key.startswith(TREE_PREFIX):
                 state.trees[row["tree_id"]] = TreeBudget.from_row(row)
+            elif key.startswith(REQUEST_PREFIX):
+                state.requests[row["request_id"]] = AskedRequest(**row)
         return state
 
     def _index(self, slot: AgentSlot) -> None:
@@ -330,6 +357,8 @@ def evolve(state: GovernorState, recorded: Recorded) -> GovernorState:
         _on_terminate(state, event, recorded)
     elif isinstance(event, ControlEvent):
         _on_control(state, event)
+    elif isinstance(event, HitlEvent):
+        _on_hitl(state, event)
     return state
 
 
@@ -341,6 +370,10 @@ def _on_spawn(state: GovernorState, event: SpawnEvent) -> None:
     refused = forged_parent(event, parent.tree_id if parent else None)
     if parent is not None:
         tree_id = parent.tree_id  # a child is in its parent's tree, whatever the event claims
+        refused = refused or spawn_refusal(parent.agent_id, parent.permissions, parent.granted)
+    permissions = effective_permissions(
+        parent.permissions if parent else None, event.config.permissions
+    )
     own = event.config.resource_limits
     if parent is None and tree_id not in state.trees:
         state.tree(tree_id).own_limits = own.per_tree if own is not None else None
@@ -357,6 +390,7 @@ def _on_spawn(state: GovernorState, event: SpawnEvent) -> None:
             timeout_s=event.config.timeout,
             reason=refused or "",
             forged=refused is not None,
+            permissions=permissions,
         )
     )
 
@@ -402,8 +436,52 @@ def _on_fork(state: GovernorState, event: ForkEvent) -> None:
             if source
             else f"refused: fork source {event.source_agent} is not an agent the log knows",
             forged=source is None,
+            permissions=effective_permissions(
+                source.permissions if source else None,
+                event.config.permissions if event.config else None,
+            ),
         )
     )
+
+
+def _tree_of(state: GovernorState, agent_id: str | None) -> str | None:
+    """The tree of an agent of the tree the log builds (None: not an agent, e.g. a person, or
+    a fork of an unknown source, which joins no tree)."""
+    slot = state.agents.get(agent_id) if agent_id else None
+    if slot is None or (slot.forged and slot.start_kind == "fork"):
+        return None
+    return slot.tree_id
+
+
+def _on_hitl(state: GovernorState, event: HitlEvent) -> None:
+    """Keep HITL requests; an approved permission request grants its capability to the asker
+    alone (the first answer stands; an answer about another agent, or by an agent of another
+    tree, is not taken)."""
+    if event.action == "request":
+        if event.request_id in state.requests:
+            return
+        path = event.agent_path or [event.agent_id]
+        state.requests[event.request_id] = AskedRequest(
+            request_id=event.request_id,
+            agent_id=event.agent_id,
+            tree_id=event.tree_id or _tree_of(state, event.agent_id) or path[0],
+            kind=event.kind,
+            capability=event.capability,
+        )
+        state.touch(REQUEST_PREFIX + event.request_id)
+        return
+    request = state.requests.get(event.request_id)
+    if request is None or request.answered:
+        return
+    if refused_answer(request, event.agent_id, event.by, _tree_of(state, event.by)):
+        return
+    granted = request.grants(event.answer)
+    request.answered = True
+    state.touch(REQUEST_PREFIX + request.request_id)
+    slot = state.agents.get(request.agent_id)
+    if granted is not None and slot is not None and granted not in slot.granted:
+        slot.granted.append(granted)
+        state.touch(slot.agent_id)
 
 
 _STATUS_PHASES: dict[str, AgentPhase] = {

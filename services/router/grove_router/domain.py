@@ -9,15 +9,27 @@ Delivery happens while the recipient runs (between its `started` status and its 
 What arrives while it does not run is held, and delivered when it next starts: higher
 priority first, then in log order, and without the messages whose ttl ran out by then (the
 time is the events' own timestamps, so every replay decides the same).
+
+A child's `failed` status is a notice for its manager: besides `task:<child>` it goes to the
+subscribers of `subtree:<child>`, the child's other statuses (progress) do not.
+
+Under `global.max_message_rate`, messages beyond the rate are not dropped but paced: a token
+bucket kept on the messages' own timestamps (the generic cell rate algorithm, a burst of
+`max(1, rate)`) gives each message the moment it may be read, `not_before`, on every entry it
+makes. The inbox served to an agent stops at the first entry not due yet, so paced messages
+are read later and in log order. The same log and the same rate give the same moments on
+every replay.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import takewhile
 from typing import Any, Self
 
 from grove_core.log import Recorded
+from grove_core.permissions import effective_permissions, is_approval
 from grove_core.projection import KeyedState
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
@@ -36,19 +48,18 @@ from grove_events import (
 INJECTED_PRIORITY = 100
 #: The topic whose messages also reach `broadcast:all`.
 BROADCAST_TOPIC = "all"
-#: Answers that approve a permission request (compared without case or surrounding blanks).
-APPROVALS = frozenset({"approve", "approved", "allow", "allowed", "yes", "y", "grant", "ok"})
 #: Status detail by which an agent commits how far it has read its inbox.
 INBOX_CURSOR_DETAIL = "inbox_cursor"
+#: A child's statuses that are notices for its manager (to `subtree:<child>`), not progress.
+NOTICE_STATUSES = frozenset({"failed"})
+#: The row of the message rate's bucket.
+PACE_KEY = "pace:messages"
+#: The events' timestamps count microseconds.
+TIMESTAMP_RESOLUTION_S = 1e-6
 
 
 def _utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def is_approval(answer: str) -> bool:
-    """Whether an answer to a permission request grants it."""
-    return answer.strip().lower() in APPROVALS
 
 
 @dataclass(slots=True)
@@ -65,12 +76,43 @@ class InboxEntry:
     expires: str | None = None
     #: Position in the recipient's inbox, from 1; 0 while held for a recipient not running.
     index: int = 0
+    #: The moment the message rate lets the entry be read (None: at once).
+    not_before: str | None = None
 
     def expired_at(self, moment: datetime | None) -> bool:
         """Whether the entry's ttl ran out before `moment`."""
         if self.expires is None or moment is None:
             return False
         return _utc(datetime.fromisoformat(self.expires)) < _utc(moment)
+
+    def due_at(self) -> datetime | None:
+        """When the message rate lets the entry be read (None: at once)."""
+        return None if self.not_before is None else _utc(datetime.fromisoformat(self.not_before))
+
+    def held_at(self, now: datetime) -> bool:
+        """Whether the message rate still holds the entry back at `now`."""
+        due = self.due_at()
+        return due is not None and due > _utc(now)
+
+
+@dataclass(slots=True)
+class MessagePace:
+    """The global message rate's bucket, as a theoretical arrival time on event time.
+
+    Each message is given the moment it may be delivered: at once while the burst lasts, then
+    one every `1 / rate` seconds after the one before, in log order.
+    """
+
+    #: When the next message would be due if none had come early (epoch seconds; 0: never used).
+    theoretical: float = 0.0
+
+    def pace(self, sent: float, rate: float) -> float:
+        """The moment a message sent at `sent` may be delivered under `rate` per second."""
+        interval = 1.0 / rate
+        burst = max(1.0, rate)
+        release = max(sent, self.theoretical - (burst - 1.0) * interval)
+        self.theoretical = max(self.theoretical, sent) + interval
+        return release
 
 
 @dataclass(slots=True)
@@ -130,10 +172,14 @@ class RouterState(KeyedState):
     routes: dict[str, Route] = field(default_factory=dict)
     inboxes: dict[str, list[InboxEntry]] = field(default_factory=dict)
     requests: dict[str, HitlRequest] = field(default_factory=dict)
+    #: The global message rate's bucket (used only under `global.max_message_rate`).
+    pace: MessagePace = field(default_factory=MessagePace)
     #: address -> agents subscribed to it (derived from the routes, not stored).
     subscribers: dict[str, set[str]] = field(default_factory=dict, repr=False)
     #: Agents whose inbox grew with the last event folded (not stored; for waking readers).
     woken: set[str] = field(default_factory=set, repr=False, compare=False)
+    #: Seconds the last event folded (a message) was put off by the message rate (not stored).
+    paced_s: float = field(default=0.0, repr=False, compare=False)
 
     # -- storage -------------------------------------------------------------------------
 
@@ -150,6 +196,8 @@ class RouterState(KeyedState):
         if kind == "hitl":
             request = self.requests.get(rest)
             return None if request is None else asdict(request)
+        if key == PACE_KEY:
+            return asdict(self.pace)
         return None
 
     def take_dirty(self) -> dict[str, dict[str, Any] | None]:
@@ -173,6 +221,8 @@ class RouterState(KeyedState):
                 entries.append((rest.rpartition(":")[0], InboxEntry(**row)))
             elif kind == "hitl":
                 state.requests[rest] = HitlRequest(**row)
+            elif key == PACE_KEY:
+                state.pace = MessagePace(**row)
         state.tree = TreeState.from_rows(nodes)
         for agent_id, entry in sorted(entries, key=lambda item: item[1].index):
             state.inboxes.setdefault(agent_id, []).append(entry)
@@ -183,10 +233,25 @@ class RouterState(KeyedState):
 
     # -- queries -------------------------------------------------------------------------
 
-    def inbox(self, agent_id: str, after: int = 0, limit: int | None = None) -> list[InboxEntry]:
-        """The entries of an agent's inbox after position `after`."""
+    def inbox(
+        self,
+        agent_id: str,
+        after: int = 0,
+        limit: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> list[InboxEntry]:
+        """The entries of an agent's inbox after position `after`; given `now`, only those
+        up to the first one the message rate holds back until later."""
         entries = self.inboxes.get(agent_id, [])[max(after, 0) :]
+        if now is not None:
+            entries = list(takewhile(lambda entry: not entry.held_at(now), entries))
         return entries if limit is None else entries[:limit]
+
+    def held_back(self, agent_id: str, after: int, now: datetime) -> InboxEntry | None:
+        """The first entry after position `after` that the message rate holds back at `now`."""
+        entries = self.inboxes.get(agent_id, [])[max(after, 0) :]
+        return next((entry for entry in entries if entry.held_at(now)), None)
 
     def ancestors(self, agent_id: str) -> list[str]:
         """The agent's ancestors, root first (without the agent)."""
@@ -247,10 +312,13 @@ class RouterState(KeyedState):
         self.touch(f"route:{agent_id}")
 
 
-def evolve(state: RouterState, recorded: Recorded) -> RouterState:
-    """Fold one event into the router's state."""
+def evolve(
+    state: RouterState, recorded: Recorded, message_rate: float | None = None
+) -> RouterState:
+    """Fold one event into the router's state; `message_rate` is `global.max_message_rate`."""
     event = recorded.event
     state.woken.clear()
+    state.paced_s = 0.0
     known = event.agent_id in state.tree.agents
     state.tree = evolve_tree(state.tree, recorded)
     match event:
@@ -269,7 +337,9 @@ def evolve(state: RouterState, recorded: Recorded) -> RouterState:
                 state.touch(f"route:{event.agent_id}")
             _route(state, event, recorded.seq, _terminate_addresses(state, event))
         case MessageEvent():
-            _route(state, event, recorded.seq, _message_addresses(state, event))
+            not_before = _pace(state, event, message_rate)
+            addresses = _message_addresses(state, event)
+            _route(state, event, recorded.seq, addresses, not_before=not_before)
         case ControlEvent():
             _on_control(state, event, recorded.seq)
         case HitlEvent():
@@ -280,15 +350,6 @@ def evolve(state: RouterState, recorded: Recorded) -> RouterState:
 def _new_route(state: RouterState, agent_id: str, permissions: list[str] | None) -> None:
     state.routes[agent_id] = Route(agent_id=agent_id, permissions=permissions)
     state.touch(f"route:{agent_id}")
-
-
-def effective_permissions(parent: list[str] | None, asked: list[str] | None) -> list[str] | None:
-    """A child's capabilities: its parent's intersected with what it asks for (None: all)."""
-    if asked is None:
-        return None if parent is None else list(parent)
-    if parent is None:
-        return sorted(set(asked))
-    return sorted(set(asked) & set(parent))
 
 
 def _parent_permissions(state: RouterState, parent: str | None) -> list[str] | None:
@@ -345,7 +406,23 @@ def _on_status(state: RouterState, event: StatusEvent, seq: int) -> None:
         if isinstance(cursor, int) and cursor > route.committed:
             route.committed = min(cursor, route.delivered)
             state.touch(f"route:{event.agent_id}")
-    _route(state, event, seq, [f"task:{event.agent_id}"])
+    addresses = [f"task:{event.agent_id}"]
+    if event.status_type in NOTICE_STATUSES:
+        addresses.append(f"subtree:{event.agent_id}")
+    _route(state, event, seq, addresses)
+
+
+def _pace(state: RouterState, event: MessageEvent, rate: float | None) -> str | None:
+    """When the message may be read under the message rate (None: at once)."""
+    if rate is None or event.timestamp is None:
+        return None
+    sent = _utc(event.timestamp).timestamp()
+    release = state.pace.pace(sent, rate)
+    state.touch(PACE_KEY)
+    if release - sent < TIMESTAMP_RESOLUTION_S:  # float sums drift by less than that
+        return None
+    state.paced_s = release - sent
+    return datetime.fromtimestamp(release, UTC).isoformat()
 
 
 def _on_control(state: RouterState, event: ControlEvent, seq: int) -> None:
@@ -452,6 +529,7 @@ def _route(
     *,
     injected: bool = False,
     also: list[str] | None = None,
+    not_before: str | None = None,
 ) -> None:
     """Deliver an event to the subscribers of its addresses (and to `also`), once each, never
     back to its own author."""
@@ -483,5 +561,6 @@ def _route(
             via=via,
             injected=injected,
             expires=expires,
+            not_before=not_before,
         )
         state.deliver(agent_id, entry)

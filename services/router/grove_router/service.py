@@ -3,7 +3,9 @@
 Queries are request-reply on `grove.rpc.router.<verb>`, JSON in and out (`grove_core.rpc`). A
 request may carry `after_seq`: the router answers once it has folded the log at least that far
 (so a caller who just appended an event sees it), or says it is behind. `inbox` long-polls: with `wait`, it
-answers as soon as something is delivered after the cursor, or when the wait is over.
+answers as soon as something is delivered after the cursor, or when the wait is over. An inbox
+is served up to its first entry that `global.max_message_rate` holds back until later (the
+fold gives each paced message its moment, `not_before`); the wall clock is read only here.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from grove_core.config import load_config
 from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_core.tree import AgentNode
-from grove_router.domain import HitlRequest, RouterState, evolve
+from grove_router.domain import HitlRequest, InboxEntry, RouterState, evolve
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,10 @@ DELIVERIES = Counter(
     "grove_router_inbox_wakeups_total", "Inboxes that grew, counted once per event folded."
 )
 HITL_PENDING = Gauge("grove_hitl_pending", "Questions for a human not answered yet.")
+PACED = Counter(
+    "grove_router_messages_paced_total",
+    "Messages global.max_message_rate put off: delivered later, in log order.",
+)
 
 Answer = dict[str, Any]
 
@@ -73,14 +82,16 @@ def request_row(request: HitlRequest) -> Answer:
 class Router:
     """Keeps the routing projection and answers the router's queries."""
 
-    def __init__(self, event_log: EventLog, store: ProjectionStore) -> None:
+    def __init__(
+        self, event_log: EventLog, store: ProjectionStore, message_rate: float | None = None
+    ) -> None:
         self.log = event_log
         self.runner: ProjectionRunner[RouterState] = ProjectionRunner(
             name=PROJECTION,
             log=event_log,
             store=store,
             state_type=RouterState,
-            evolve=evolve,
+            evolve=partial(evolve, message_rate=message_rate),
             after_event=self._after_event,
             on_caught_up=self._count_pending,
         )
@@ -116,6 +127,8 @@ class Router:
         self.seen_seq = recorded.seq
         if recorded.event.type == "hitl":
             await self._count_pending()
+        if self.state.paced_s > 0:
+            PACED.inc()
         for agent_id in self.state.woken:
             DELIVERIES.inc()
             waiter = self._inbox_waiters.pop(agent_id, None)
@@ -152,7 +165,8 @@ class Router:
 
     async def inbox(self, request: dict[str, Any]) -> Answer:
         """{agent_id, after?, limit?, wait?} -> the inbox entries after position `after`
-        (default: what the agent has committed), waiting up to `wait` seconds for one."""
+        (default: what the agent has committed), waiting up to `wait` seconds for one. Entries
+        stop at the first one the message rate holds back (`paced_until`: when it may be read)."""
         agent_id = _text(request, "agent_id")
         assert agent_id is not None
         self._route_of(agent_id)
@@ -165,13 +179,9 @@ class Router:
             raise QueryError("'after' must be a whole number of at least 0")
         limit = int(_number(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)) or DEFAULT_LIMIT
         wait = _number(request, "wait", 0.0, MAX_WAIT_S)
-        entries = self.state.inbox(agent_id, after, limit)
-        if not entries and wait > 0:
-            waiter = self._inbox_waiters.setdefault(agent_id, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), wait)
-            entries = self.state.inbox(agent_id, after, limit)
+        entries = await self._due_entries(agent_id, after, limit, wait)
         route = self.state.routes[agent_id]
+        paced = self.state.held_back(agent_id, after, datetime.now(UTC))
         return {
             "agent_id": agent_id,
             "after": after,
@@ -179,7 +189,30 @@ class Router:
             "delivered": route.delivered,
             "committed": route.committed,
             "held": len(route.held),
+            "paced_until": None if paced is None else paced.not_before,
         }
+
+    async def _due_entries(
+        self, agent_id: str, after: int, limit: int, wait: float
+    ) -> list[InboxEntry]:
+        """The entries after `after` that may be read now, waiting up to `wait` seconds for one
+        to be delivered or for the moment of one the message rate holds back."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            now = datetime.now(UTC)
+            entries = self.state.inbox(agent_id, after, limit, now=now)
+            remaining = deadline - loop.time()
+            if entries or remaining <= 0:
+                return entries
+            paced = self.state.held_back(agent_id, after, now)
+            due = None if paced is None else paced.due_at()
+            if due is not None:
+                await asyncio.sleep(min(remaining, (due - now).total_seconds()))
+                continue
+            waiter = self._inbox_waiters.setdefault(agent_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), remaining)
 
     def _state_of(self, node: AgentNode) -> str:
         route = self.state.routes.get(node.agent_id)
@@ -338,7 +371,8 @@ async def setup(service: Service) -> None:
     """Start the router inside a service process."""
     assert service.log is not None
     store = ProjectionStore(service.settings.database_for(NAME))
-    router = Router(service.log, store)
+    limits = load_config(service.settings.config_path()).resources
+    router = Router(service.log, store, message_rate=limits.global_.max_message_rate)
     service.ready_checks.append(router.runner.ready)
     service.ready_checks.append(router.rpc.is_serving)
     service.spawn(router.runner.run(), "router-projection")

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -176,7 +177,9 @@ class CommandRuntime:
 
     Its input on stdin is the task, or for a resumed or forked instance the message it starts
     with (the task is in GROVE_TASK, the session in GROVE_SESSION_ID); stdout is the result.
-    The session records stdout as `assistant` entries while the command runs.
+    The session records stdout as `assistant` entries while the command runs. A failure (a
+    non-zero exit, or a command that cannot be executed) reports the command line as what was
+    attempted and the stdout produced until then as the partial result.
     """
 
     name = "command"
@@ -205,7 +208,11 @@ class CommandRuntime:
                 start_new_session=True,
             )
         except OSError as exc:
-            return Outcome(completed=False, error=f"cannot execute {argv[0]!r}: {exc.strerror}")
+            return Outcome(
+                completed=False,
+                error=f"cannot execute {argv[0]!r}: {exc.strerror}",
+                attempted=[shlex.join(argv)],
+            )
         run.attach(proc)
         assert proc.stdin is not None
         assert proc.stdout is not None
@@ -229,7 +236,7 @@ class CommandRuntime:
         return Outcome(
             completed=False,
             error=f"exit code {proc.returncode}" + (f": {tail}" if tail else ""),
-            attempted=[" ".join(argv)],
+            attempted=[shlex.join(argv)],
             partial_results=[out] if out else [],
         )
 

@@ -217,6 +217,21 @@ def cut_to_budget(text: str, budget: int) -> tuple[str, bool]:
     return text[:budget], True
 
 
+def newest_within_budget(entries: list[str], budget: int) -> tuple[list[str], bool]:
+    """The newest entries that fit in `budget` characters together, and whether anything was
+    left out; an entry that fits only in part keeps its end (what came last before a failure)."""
+    kept: list[str] = []
+    left = budget
+    for entry in reversed(entries):
+        if left <= 0:
+            break
+        part = entry[-left:]
+        kept.append(part)
+        left -= len(part)
+    kept.reverse()
+    return kept, sum(map(len, kept)) < sum(map(len, entries))
+
+
 def _decode(record: RawRecord | None) -> Event | None:
     if record is None:
         return None
@@ -572,11 +587,21 @@ class Spawner:
         await self._append_until_stored(self._status(agent, "completed", text, details))
 
     async def _report_failure(self, agent: RunningAgent, outcome: Outcome, tokens: int) -> None:
+        """The `failed` status: the error, what was attempted and the partial results, each
+        within the agent's return budget (the newest kept, `truncated` when cut): the parent
+        reads them, and a message on the log has a size limit (a failure that printed
+        megabytes is still reported, and the agent still ends)."""
+        budget = agent.spawn.config.return_budget
+        attempted, attempted_cut = newest_within_budget(outcome.attempted, budget)
+        partial, partial_cut = newest_within_budget(outcome.partial_results, budget)
+        error = outcome.error
         details: dict[str, Any] = {
-            "error": outcome.error,
-            "attempted": outcome.attempted,
-            "partial_results": outcome.partial_results,
+            "error": cut_to_budget(error, budget)[0] if error is not None else None,
+            "attempted": attempted,
+            "partial_results": partial,
         }
+        if attempted_cut or partial_cut:
+            details["truncated"] = True
         if tokens:
             details["tokens"] = tokens
         await self._append_until_stored(

@@ -1,0 +1,44 @@
+"""The `nats_server` fixture: a missing Docker engine is a reason to use the binary, never an
+error, and a `local_nats` test gets a server process it can crash and restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import testcontainers.core.docker_client
+
+from grove_core.log import EventLog
+from tests.conftest import DOCKER_PING_TIMEOUT_S, NatsEndpoint, find_docker_problem
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_engine_that_is_not_there_is_a_reason_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(testcontainers.core.docker_client, "get_docker_host", lambda: None)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    started = time.monotonic()
+
+    problem = find_docker_problem()
+
+    assert time.monotonic() - started < DOCKER_PING_TIMEOUT_S + 1
+    assert problem is not None
+    assert problem.startswith("no Docker engine answers")
+
+
+@pytest.mark.local_nats
+async def test_a_local_nats_test_can_crash_and_restart_its_server(
+    nats_server: NatsEndpoint,
+) -> None:
+    assert nats_server.server is not None
+    nats_server.kill()
+    nats_server.restart()
+
+    log = await EventLog.connect(nats_server.url, name="after-restart")
+    try:
+        await log.ensure_stream()
+    finally:
+        await log.close()
