@@ -535,6 +535,32 @@ async def test_status_resume_and_fork_from_the_command_line(
     assert fork_result["fork_of"] == agent
     assert ["tool_result", "found a clue"] in fork_result["history"]
 
+    counted = await asyncio.to_thread(
+        grove,
+        url,
+        "fork",
+        agent,
+        "--reason",
+        "count instead",
+        "--task",
+        "three little words",
+        "--config",
+        '{"runtime": "command", "command": ["wc", "-w"]}',
+        "--subscribe",
+        "topic:news",
+    )
+    assert counted.returncode == 0, counted.stderr
+    counter = counted.stdout.strip()
+    (count_end,) = await ends(event_log, counter, 1)
+    assert (count_end.reason, count_end.result.summary.strip()) == ("completed", "3")
+    fork_event = await event_log.get_last(f"grove.fork.{counter}")
+    assert fork_event is not None
+    assert json.loads(fork_event.data)["subscriptions"] == ["topic:news"]
+    bad = await asyncio.to_thread(
+        grove, url, "fork", agent, "--reason", "r", "--config", '{"runtime": "telepathy"}'
+    )
+    assert_one_line_error(bad, "invalid runtime")
+
     assert (await asyncio.to_thread(grove, url, "stop", agent)).returncode == 0
     await ends(event_log, agent, 1)
     resumed = await asyncio.to_thread(grove, url, "resume", agent, "--message", "go on")

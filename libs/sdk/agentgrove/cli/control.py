@@ -77,7 +77,11 @@ async def resume_agent(args: argparse.Namespace) -> int:
 
 
 def fork_config(args: argparse.Namespace) -> AgentConfig | None:
-    """The fork's own config from --entrypoint, or None: it runs like its source."""
+    """The fork's own config from --config or --entrypoint, or None: it runs like its source."""
+    if args.config is not None:
+        if args.entrypoint is not None:
+            raise CliError("give --config or --entrypoint, not both")
+        return AgentConfig.model_validate_json(args.config)
     if args.entrypoint is None:
         return None
     return build_config("python", entrypoint=args.entrypoint)
@@ -89,7 +93,12 @@ async def fork_agent(args: argparse.Namespace) -> int:
     async with connect(nats_url(args)) as conn:
         await require_agent(conn.client, args.source)
         fork_id = await conn.client.fork(
-            args.source, args.reason, task=args.task, initial_message=args.message, config=config
+            args.source,
+            args.reason,
+            task=args.task,
+            initial_message=args.message,
+            config=config,
+            subscriptions=args.subscribe,
         )
     out(fork_id)
     return 0
@@ -126,5 +135,16 @@ def add_commands(commands: Subcommands, common: Parser) -> None:
         "--entrypoint",
         metavar="MODULE:FUNCTION",
         help="run the fork as this python agent (default: as its source)",
+    )
+    fork.add_argument(
+        "--config",
+        metavar="JSON",
+        help='the fork\'s whole config, e.g. \'{"runtime": "command", "command": ["wc", "-w"]}\'',
+    )
+    fork.add_argument(
+        "--subscribe",
+        metavar="SUBSCRIPTION",
+        action="append",
+        help="also deliver these to the fork's inbox (topic:NAME, agent:ID, ...; repeatable)",
     )
     fork.set_defaults(handler=run_async(fork_agent))
