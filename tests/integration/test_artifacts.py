@@ -24,9 +24,9 @@ from agentgrove.stack import Stack
 from grove_artifacts.blobs import BlobStore
 from grove_artifacts.service import UPLOAD_IDLE_S, ArtifactStore
 from grove_core.config import ArtifactLimits
-from grove_core.log import EventLog
+from grove_core.log import EventLog, Recorded
 from grove_core.projection import ProjectionStore
-from grove_events import ForkEvent, SpawnEvent, new_id
+from grove_events import ArtifactEvent, ForkEvent, SpawnEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = pytest.mark.integration
@@ -126,6 +126,17 @@ async def test_two_puts_of_the_same_bytes_are_two_artifacts_and_one_blob(
     assert [a.name for a in listed] == ["a.bin", "b.bin"]
     assert running.store.state.tree_bytes["root"] == 20
     assert running.store.state.blob_bytes == 10
+    # Every put is an `artifact` event on the log, about the agent that put it.
+    async with asyncio.timeout(10):
+        recorded = [
+            item.event
+            async for item in event_log.events(1, subjects="grove.artifact.*")
+            if isinstance(item, Recorded) and isinstance(item.event, ArtifactEvent)
+        ]
+    assert [(e.agent_id, e.artifact_id, e.name, e.size, e.sha256) for e in recorded] == [
+        ("kid", first.artifact_id, "a.bin", 10, first.sha256),
+        ("root", second.artifact_id, "b.bin", 10, second.sha256),
+    ]
 
     deleted = await artifacts.delete(first.artifact_id)
     assert deleted.artifact_id == first.artifact_id

@@ -19,6 +19,7 @@ from grove_core.projection import ProjectionStore
 from grove_events import (
     AgentConfig,
     ControlEvent,
+    HitlEvent,
     MessageEvent,
     SpawnEvent,
     StatusEvent,
@@ -164,9 +165,46 @@ async def test_the_router_answers_queries_and_refuses_unknown_agents_clearly(
     assert summary["agent_path"] == ["root", "kid"]
     assert summary["state"] == "spawning"
     assert summary["subscriptions"] == ["agent:kid", "lineage:kid", "topic:x"]
+    assert summary["task"] == "task of kid"
+    await append_spawn(event_log, "done", parent="root")
+    await append_status(event_log, "done", "checkpoint", "half way")
+    await event_log.append(
+        TerminateEvent(
+            event_id=new_id(),
+            agent_id="done",
+            reason="completed",
+            result={"summary": "all of it"},
+            usage={"tokens": 42, "runtime_s": 1.5},
+        )
+    )
+    await event_log.append(
+        HitlEvent(
+            event_id=new_id(),
+            agent_id="kid",
+            action="request",
+            request_id="q-kid",
+            agent_path=["root", "kid"],
+            kind="question",
+            prompt="which way?",
+        )
+    )
+    done = await routing.summary("done")
+    assert (done["state"], done["last_status"], done["summary"]) == (
+        "completed",
+        "checkpoint",
+        "all of it",
+    )
+    assert done["usage"] == {"tokens": 42}
+    kid = await routing.summary("kid")
+    assert [q["request_id"] for q in kid["pending_questions"]] == ["q-kid"]
+    root = await routing.summary("root")
+    assert [(c["agent_id"], c["state"]) for c in root["children"]] == [
+        ("kid", "spawning"),
+        ("done", "completed"),
+    ]
     hierarchy = await routing.hierarchy("kid")
     assert hierarchy["root"]["agent_id"] == "root"
-    assert [c["agent_id"] for c in hierarchy["root"]["children"]] == ["kid"]
+    assert [c["agent_id"] for c in hierarchy["root"]["children"]] == ["kid", "done"]
     rows = await routing.query("subscribers", {"subscription": "topic:x"})
     assert rows == [{"subscription": "topic:x", "agents": ["kid"]}]
     running = await routing.query("agents", {"state": "running"})
