@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import pytest
 
-from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded
+from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded, decode_record
 from grove_events import AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
 
 pytestmark = pytest.mark.integration
@@ -138,3 +139,32 @@ async def test_a_filtered_replay_stops_at_the_tip(event_log: EventLog) -> None:
         spawned.event_id
     ]
     assert await stored(event_log, "grove.terminate.*") == []
+
+
+async def test_an_event_without_a_timestamp_gets_the_stream_s_whatever_the_read(
+    event_log: EventLog,
+) -> None:
+    # A producer that sends no timestamp: the event's time is the stream's own time of the
+    # message, to the millisecond, the same from a replay and from a direct lookup, every time.
+    agent = new_id()
+    body = json.dumps(
+        {
+            "event_id": new_id(),
+            "type": "spawn",
+            "agent_id": agent,
+            "task": "t",
+            "config": {"runtime": "command", "command": ["true"]},
+        }
+    )
+    ack = await event_log.js.publish(subject_for("spawn", agent), body.encode())
+    stored = await event_log.js.get_msg(event_log.stream, seq=ack.seq)
+    assert stored.time is not None
+    replayed = [r async for r in event_log.read(ack.seq, until_seq=ack.seq)]
+    looked_up = await event_log.get_last(subject_for("spawn", agent))
+    assert looked_up is not None
+    times = {decode_record(r).event.timestamp for r in [*replayed, looked_up, *replayed]}
+    assert len(times) == 1
+    (timestamp,) = times
+    assert timestamp is not None
+    assert timestamp.microsecond % 1000 == 0
+    assert abs((timestamp - stored.time).total_seconds()) < 0.001
