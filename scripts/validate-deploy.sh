@@ -39,7 +39,7 @@ if [[ ! -x "$nats_server" ]]; then
     nats_server="$(command -v nats-server || true)"
 fi
 if [[ -n "$nats_server" ]]; then
-    for user in SYS SETUP GOVERNOR SPAWNER ROUTER ARTIFACTS PRODUCER; do
+    for user in SYS SETUP GOVERNOR SPAWNER ROUTER ARTIFACTS PRODUCER CALLER AGENT; do
         export "GROVE_NATS_${user}_PASSWORD=validate-only"
     done
     for conf in deploy/nats/nats.conf deploy/k8s/base/nats/nats.conf; do

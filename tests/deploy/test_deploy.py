@@ -47,7 +47,13 @@ OVERLAYS = ("dev", "prod")
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 BIN = Path(sys.executable).parent
 SERVICES = ("governor", "spawner", "router", "artifacts")
-NATS_USERS = ("sys", "setup", "governor", "spawner", "router", "artifacts", "producer")
+NATS_USERS = (
+    "sys", "setup", "governor", "spawner", "router", "artifacts", "producer", "caller", "agent",
+)  # fmt: skip
+#: The users outside the services: external services, people and their tools, agent processes.
+ROLES = ("producer", "caller", "agent")
+#: The stream of the artifact-store's object store bucket (grove_artifacts.blobs.BUCKET).
+OBJECT_STREAM = "OBJ_grove-artifacts"
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -514,6 +520,13 @@ def may_publish(user: dict[str, Any], subject: str) -> bool:
     return allowed and not any(subject_matches(p, subject) for p in publish.get("deny", []))
 
 
+def may_subscribe(user: dict[str, Any], subject: str) -> bool:
+    """Whether `user` may subscribe to `subject` (a wildcard only within an allowed one)."""
+    subscribe = user.get("permissions", {}).get("subscribe", {})
+    allowed = any(subject_matches(p, subject) for p in subscribe.get("allow", [">"]))
+    return allowed and not any(subject_matches(p, subject) for p in subscribe.get("deny", []))
+
+
 @pytest.fixture(scope="module")
 def nats_users() -> dict[str, dict[str, Any]]:
     config = parse_nats_conf(DEPLOY / "nats" / "nats.conf")
@@ -526,11 +539,11 @@ A = "01890a5d-ac96-774b-bcce-b302099a8057"
 
 #: Who may publish which event kind (DESIGN §2); everything else is denied.
 PUBLISHERS = {
-    "spawn": {"producer", "spawner"},
-    "fork": {"producer", "spawner"},
-    "control": {"producer", "spawner", "governor"},
-    "message": {"producer", "spawner", "router"},
-    "hitl": {"producer", "spawner", "router"},
+    "spawn": {"producer", "caller", "agent", "spawner"},
+    "fork": {"producer", "caller", "agent", "spawner"},
+    "control": {"producer", "caller", "agent", "spawner", "governor"},
+    "message": {"producer", "caller", "agent", "spawner", "router"},
+    "hitl": {"caller", "agent", "spawner", "router"},
     "status": {"governor", "spawner"},
     "terminate": {"governor", "spawner"},
     "artifact": {"artifacts"},
@@ -553,13 +566,103 @@ def test_producers_may_not_publish_decisions(nats_users: dict[str, dict[str, Any
         assert may_publish(producer, subject), subject
 
 
+def test_a_producer_may_neither_answer_nor_reach_artifacts(
+    nats_users: dict[str, dict[str, Any]],
+) -> None:
+    producer = nats_users["producer"]
+    for subject in (f"grove.hitl.{A}", "grove.rpc.artifacts.get", "grove.rpc.artifacts.put"):
+        assert not may_publish(producer, subject), subject
+    assert "grove.hitl.*" in producer["permissions"]["publish"]["deny"]
+    assert not may_subscribe(producer, "_INBOX.>")
+    assert not may_subscribe(producer, "_INBOX.abc")
+    assert may_subscribe(producer, "_INBOX_producer.abc.*")
+    for role in ("caller", "agent"):
+        for subject in (f"grove.hitl.{A}", "grove.rpc.artifacts.get"):
+            assert may_publish(nats_users[role], subject), (role, subject)
+
+
+def test_the_agent_user_has_the_caller_s_permissions(
+    nats_users: dict[str, dict[str, Any]],
+) -> None:
+    assert nats_users["agent"]["permissions"] == nats_users["caller"]["permissions"]
+
+
+def test_no_role_reads_the_object_store_bucket_directly(
+    nats_users: dict[str, dict[str, Any]],
+) -> None:
+    reads = (
+        f"$JS.API.CONSUMER.CREATE.{OBJECT_STREAM}",
+        f"$JS.API.CONSUMER.CREATE.{OBJECT_STREAM}.reader",
+        f"$JS.API.CONSUMER.CREATE.{OBJECT_STREAM}.reader.$O.grove-artifacts.C.x",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{OBJECT_STREAM}.reader",
+        f"$JS.API.CONSUMER.MSG.NEXT.{OBJECT_STREAM}.reader",
+        f"$JS.API.CONSUMER.RESET.{OBJECT_STREAM}.reader",
+        f"$JS.API.DIRECT.GET.{OBJECT_STREAM}",
+        f"$JS.API.DIRECT.GET.{OBJECT_STREAM}.$O.grove-artifacts.M.x",
+        f"$JS.API.STREAM.MSG.GET.{OBJECT_STREAM}",
+        f"$JS.API.STREAM.SNAPSHOT.{OBJECT_STREAM}",
+        "$O.grove-artifacts.C.x",
+    )
+    log_reads = (
+        f"$JS.API.CONSUMER.CREATE.{GROVE_STREAM.name}.reader",
+        f"$JS.API.DIRECT.GET.{GROVE_STREAM.name}",
+        f"$JS.API.STREAM.MSG.GET.{GROVE_STREAM.name}",
+    )
+    for role in ROLES:
+        for subject in reads:
+            assert not may_publish(nats_users[role], subject), (role, subject)
+        for subject in log_reads:
+            assert may_publish(nats_users[role], subject), (role, subject)
+    assert may_publish(nats_users["artifacts"], f"$JS.API.DIRECT.GET.{OBJECT_STREAM}")
+
+
+def test_every_user_has_a_password_in_compose_and_kubernetes(
+    compose_config: dict[str, Any],
+) -> None:
+    variables = {f"GROVE_NATS_{user.upper()}_PASSWORD" for user in NATS_USERS}
+    assert variables <= set(compose_config["services"]["nats"]["environment"])
+    (nats,) = [
+        d for d in load_docs((BASE / "nats" / "statefulset.yaml").read_text())
+        if d["kind"] == "StatefulSet"
+    ]  # fmt: skip
+    env = {e["name"]: e for e in nats["spec"]["template"]["spec"]["containers"][0]["env"]}
+    secrets = {
+        doc["metadata"]["name"]: doc["stringData"]["user"]
+        for doc in load_docs((BASE / "nats" / "secrets.yaml").read_text())
+    }
+    for user in NATS_USERS:
+        ref = env[f"GROVE_NATS_{user.upper()}_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert secrets[ref["name"]] == user, user
+
+
+def test_spawners_hand_their_agents_the_agent_user(compose_config: dict[str, Any]) -> None:
+    spawners = [
+        svc
+        for svc in grove_compose_services(compose_config).values()
+        if "grove_spawner" in svc["command"]
+    ]
+    assert spawners
+    for svc in spawners:
+        assert svc["environment"]["GROVE_AGENT_NATS_USER"] == "agent"
+        assert svc["environment"]["GROVE_AGENT_NATS_PASSWORD"] == "dev-agent"
+    (spawner,) = [
+        d for d in load_docs((BASE / "grove" / "spawner.yaml").read_text())
+        if d["kind"] == "Deployment"
+    ]  # fmt: skip
+    (container,) = spawner["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("GROVE_AGENT_NATS_USER", "GROVE_AGENT_NATS_PASSWORD"):
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "nats-user-agent", name
+
+
 def test_only_set_up_may_change_the_stream(nats_users: dict[str, dict[str, Any]]) -> None:
     admin = ("CREATE", "UPDATE", "DELETE", "PURGE")
     for name, user in nats_users.items():
         for verb in admin:
             allowed = may_publish(user, f"$JS.API.STREAM.{verb}.GROVE")
             assert allowed == (name == "setup"), (name, verb)
-    assert not may_publish(nats_users["producer"], "$JS.API.CONSUMER.DELETE.GROVE.spawner")
+    for role in ROLES:
+        assert not may_publish(nats_users[role], "$JS.API.CONSUMER.DELETE.GROVE.spawner")
     assert may_publish(nats_users["spawner"], "$JS.API.CONSUMER.MSG.NEXT.GROVE.spawner")
 
 
@@ -615,9 +718,10 @@ async def test_nats_server_enforces_the_matrix(secured_nats: str, tmp_path: Path
         async def on_error(exc: Exception) -> None:
             errors[user].append(str(exc))
 
+        inbox = {"inbox_prefix": "_INBOX_producer"} if user == "producer" else {}
         return await EventLog.connect(
             secured_nats, name=user, user=user, password=f"test-{user}", error_cb=on_error,
-            allow_reconnect=False, max_reconnect_attempts=1,
+            allow_reconnect=False, max_reconnect_attempts=1, **inbox,
         )  # fmt: skip
 
     setup, producer, governor = (
@@ -632,12 +736,13 @@ async def test_nats_server_enforces_the_matrix(secured_nats: str, tmp_path: Path
         await producer.nc.publish(f"grove.status.{A}", b"{}")
         await producer.nc.publish(f"grove.terminate.{A}", b"{}")
         await producer.nc.publish("$JS.API.STREAM.DELETE.GROVE", b"")
+        await producer.nc.publish(f"grove.hitl.{A}", b"{}")
         await producer.nc.flush()
         for _ in range(50):
-            if len(errors["producer"]) >= 3:
+            if len(errors["producer"]) >= 4:
                 break
             await asyncio.sleep(0.05)
-        assert len(errors["producer"]) == 3, errors
+        assert len(errors["producer"]) == 4, errors
         assert all("permissions violation" in e.lower() for e in errors["producer"])
         assert await producer.last_seq() == 2
         with pytest.raises(nats.errors.TimeoutError):

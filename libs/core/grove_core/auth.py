@@ -3,8 +3,10 @@
 The permission matrix is the one Compose and Kubernetes use (`accounts.conf` here is a copy of
 `deploy/nats/accounts.conf`, kept equal by a test). Each user gets a random password, kept in
 `<data dir>/auth/passwords.json`, readable by its owner only; the nats-server reads them from its
-environment, the services from `GROVE_NATS_USER` / `GROVE_NATS_PASSWORD`, and callers connect
-as the `producer` user through the URL in `<data dir>/nats.url` (also owner-only).
+environment, the services from `GROVE_NATS_USER` / `GROVE_NATS_PASSWORD`, callers connect
+as the `caller` user through the URL in `<data dir>/nats.url` (also owner-only), and the agent
+processes the spawners start as the `agent` user. The `producer` user is for external services
+that publish work: it may neither ask nor answer questions nor reach artifacts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,28 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-#: The users of accounts.conf: the stream set-up, each service, and producers (callers).
-USERS = ("sys", "setup", "governor", "spawner", "router", "artifacts", "producer")
+#: The users of accounts.conf: the system account, the stream set-up, each service, and the
+#: three roles outside the services (external producers, callers, agent processes).
+USERS = (
+    "sys",
+    "setup",
+    "governor",
+    "spawner",
+    "router",
+    "artifacts",
+    "producer",
+    "caller",
+    "agent",
+)
+
+#: Where the `producer` user's replies come back: it may not subscribe to `_INBOX.>`, where the
+#: other users' replies (artifacts, answers) arrive.
+PRODUCER_INBOX_PREFIX = "_INBOX_producer"
+
+
+def inbox_prefix(user: str | None) -> str | None:
+    """The inbox prefix `user` must connect with (None: the client's default)."""
+    return PRODUCER_INBOX_PREFIX if user == "producer" else None
 
 
 def accounts_conf() -> str:
@@ -82,11 +104,11 @@ class LocalAuth:
         """Load the data folder's users, or make them (new random passwords) the first time."""
         folder = data_dir / "auth"
         stored = folder / "passwords.json"
-        if stored.exists():
-            passwords: dict[str, str] = json.loads(stored.read_text())
-        else:
+        passwords: dict[str, str] = json.loads(stored.read_text()) if stored.exists() else {}
+        missing = [user for user in USERS if user not in passwords]
+        if missing:  # the first time, or a data folder made before some of the users existed
             # A letter first: nats-server reads a value that starts like a number as one.
-            passwords = {user: "p" + secrets.token_hex(24) for user in USERS}
+            passwords.update({user: "p" + secrets.token_hex(24) for user in missing})
             _private_write(stored, json.dumps(passwords, indent=2))
         auth = cls(folder, passwords)
         _private_write(folder / "accounts.conf", accounts_conf())
@@ -107,10 +129,10 @@ class LocalAuth:
         return {"GROVE_NATS_USER": user, "GROVE_NATS_PASSWORD": self.passwords[user]}
 
     def agent_env(self) -> dict[str, str]:
-        """What a spawner hands the agent processes it starts: the producer's user."""
+        """What a spawner hands the agent processes it starts: the `agent` user."""
         return {
-            "GROVE_AGENT_NATS_USER": "producer",
-            "GROVE_AGENT_NATS_PASSWORD": self.passwords["producer"],
+            "GROVE_AGENT_NATS_USER": "agent",
+            "GROVE_AGENT_NATS_PASSWORD": self.passwords["agent"],
         }
 
     def url_for(self, url: str, user: str) -> str:

@@ -18,6 +18,7 @@ import nats.errors
 from agentgrove.artifacts import Artifacts
 from agentgrove.results import AgentResult
 from agentgrove.routing import Routing
+from grove_core.auth import inbox_prefix
 from grove_core.log import EventLog, LogError, Recorded
 from grove_core.settings import DEFAULT_NATS_URL
 from grove_core.tree import TreeState
@@ -74,7 +75,9 @@ def discover_url(data_dir: Path | None = None) -> str:
 
 def credentials_from_env() -> dict[str, Any]:
     """NATS connection options from GROVE_NATS_USER / GROVE_NATS_PASSWORD, GROVE_NATS_CREDS
-    (a .creds file) and GROVE_NATS_TLS_CA (a CA file: TLS); none set, none given.
+    (a .creds file), GROVE_NATS_TLS_CA (a CA file: TLS) and GROVE_NATS_INBOX_PREFIX (where
+    replies come back; default `_INBOX_producer` for the `producer` user, which may not
+    subscribe to `_INBOX.>`); none set, none given.
     """
     options: dict[str, Any] = {}
     user = os.environ.get("GROVE_NATS_USER")
@@ -87,6 +90,9 @@ def credentials_from_env() -> dict[str, Any]:
     ca_file = os.environ.get("GROVE_NATS_TLS_CA")
     if ca_file:
         options["tls"] = ssl.create_default_context(cafile=ca_file)
+    prefix = os.environ.get("GROVE_NATS_INBOX_PREFIX") or inbox_prefix(user)
+    if prefix:
+        options["inbox_prefix"] = prefix
     return options
 
 

@@ -150,10 +150,10 @@ class Stack:
 
     @property
     def caller_url(self) -> str:
-        """The URL callers use: with `auth`, the producer's user and password are in it."""
+        """The URL callers use: with `auth`, the `caller` user and its password are in it."""
         if self.local_auth is None:
             return self.url
-        return self.local_auth.url_for(self.url, "producer")
+        return self.local_auth.url_for(self.url, "caller")
 
     def start(self, timeout: float = 60.0) -> Stack:
         """Start nats-server, create the stream, start the services, wait until ready."""

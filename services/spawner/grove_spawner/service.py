@@ -144,7 +144,7 @@ class SpawnerSettings(ServiceSettings):
     agent_nats_user: str | None = Field(
         default=None,
         description="The NATS user the processes of command and acp agents connect as "
-        "(GROVE_AGENT_NATS_USER; deployed: the producer user). They never get the spawner's.",
+        "(GROVE_AGENT_NATS_USER; deployed: the agent user). They never get the spawner's.",
     )
     agent_nats_password: str | None = Field(default=None, description="GROVE_AGENT_NATS_PASSWORD")
     agent_nats_creds: Path | None = Field(

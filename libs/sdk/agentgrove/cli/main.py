@@ -243,7 +243,7 @@ def run_up(args: argparse.Namespace) -> int:
         out(f"grove: NATS at {redact(stack.caller_url)}")
         if stack.local_auth is not None:
             out(
-                f"grove: NATS users and permissions on; callers connect as 'producer' "
+                f"grove: NATS users and permissions on; callers connect as 'caller' "
                 f"(the URL with its password is in {folder / 'nats.url'})"
             )
         out(f"grove: service logs in {folder / 'logs'}")
