@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import re
 import sys
 import time
 import urllib.request
@@ -485,3 +486,31 @@ async def test_artifacts_work_under_the_deployed_permissions(secured_stack: Stac
         payload = random.Random(3).randbytes(1_500_000)
         stored = await Artifacts(client.log, agent_id=agent).put(payload, name="big.bin")
         assert await client.artifacts.get(stored.artifact_id) == payload
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("../../etc/passwd", "'..' segment"),
+        ("notes/../../../outside.txt", "'..' segment"),
+        ("/etc/passwd", "must be a relative path"),
+        ("reports//week.md", "empty, '.' or '..' segment"),
+        ("..\\windows\\system.ini", "backslashes"),
+        ("nul\x00byte.txt", "control characters"),
+        ("x" * 513, "at most 512 characters"),
+    ],
+)
+async def test_a_name_with_path_tricks_is_refused_and_counted(
+    event_log: EventLog, start_store: StartStore, name: str, reason: str
+) -> None:
+    running = await start_store()
+    assert running.store is not None
+    seq = await spawn(event_log, "tricky")
+    tricky = Artifacts(event_log, agent_id="tricky")
+    before = refusals("bad_request")
+    with pytest.raises(ArtifactError, match=re.escape(reason)):
+        await tricky.put(b"contents", name=name, after_seq=seq)
+    assert refusals("bad_request") == before + 1
+    assert await tricky.list() == []
+    kept = await tricky.put(b"contents", name="reports/week-1.md")
+    assert [a.name for a in await tricky.list()] == [kept.name]

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from agentgrove import GroveClient, build_config
@@ -20,6 +21,7 @@ from agentgrove.routing import AlreadyAnswered, UnknownRequest
 from grove_core.log import Recorded
 from grove_events import HitlEvent, StatusEvent, TerminateEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
+from tests.integration.test_recovery import wait_metric
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +143,7 @@ async def test_unknown_and_answered_requests_are_clear_errors(
 async def test_an_agent_of_another_tree_cannot_answer_a_question(
     make_stack: StackFactory, client: GroveClient
 ) -> None:
-    await asyncio.to_thread(make_stack)
+    stack = await asyncio.to_thread(make_stack)
     asker = await client.spawn("once?", agent("asker"))
     stranger = await client.spawn("30", build_config("python", entrypoint="tests.agents:sleeper"))
     request = await next_request(client, asker)
@@ -158,6 +160,12 @@ async def test_an_agent_of_another_tree_cannot_answer_a_question(
         by=stranger,
     )
     await client.log.append(forged)  # straight to the log: the router does not take it
+    # ... and records why: a metric, and a line in its log.
+    router = stack.services["router"]
+    async with aiohttp.ClientSession() as session, asyncio.timeout(20):
+        await wait_metric(session, router.http_port, "grove_router_refused_events_total", 1)
+    router_log = stack.data_dir / "logs" / "router.log"
+    assert f"may not answer a question of tree {asker}" in router_log.read_text()
     assert (await client.routing.request(request["request_id"]))["pending"]
     await client.answer(request["request_id"], "left")
     assert (await client.wait(asker, timeout=30)).summary == "answer: left"

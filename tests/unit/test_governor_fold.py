@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from grove_core.permissions import effective_permissions, holds, spawn_refusal
-from grove_events import AgentConfig, HitlEvent, ResourceLimits, SpawnEvent, new_id
+from grove_events import AgentConfig, ForkEvent, HitlEvent, ResourceLimits, SpawnEvent, new_id
 from grove_governor.domain import (
     AT_CAPACITY,
     MAX_CHILDREN,
@@ -22,6 +22,7 @@ from grove_governor.domain import (
     Reject,
     TimeOut,
     decide,
+    effective_agent_limits,
     evolve,
     resource_status,
 )
@@ -471,3 +472,26 @@ def test_the_rejection_is_the_same_replayed_and_reloaded_from_rows() -> None:
     assert again.agents == state.agents
     assert again.requests == state.requests
     assert decide(again, NO_LIMITS, NOW, {}) == expected
+
+
+def test_a_fork_keeps_its_source_s_own_limits_and_may_only_tighten_them() -> None:
+    log = Log()
+    log.spawn("source", limits={"per_agent": {"max_runtime": 5, "max_tokens": 1000}})
+    admit(log, "source")
+    own = limits(per_agent={"max_tokens": 100, "max_runtime": 60})
+    log.add(
+        ForkEvent(
+            event_id=new_id(),
+            agent_id="fork",
+            source_agent="source",
+            reason="try",
+            timestamp=T0,
+            config=AgentConfig(runtime="command", command=["true"], resource_limits=own),
+        )
+    )
+    log.fork("plain-fork", source="source")
+    state = fold(log)
+    tightened = effective_agent_limits(state, limits(), state.agents["fork"])
+    assert (tightened.max_runtime, tightened.max_tokens) == (5, 100)
+    inherited = effective_agent_limits(state, limits(), state.agents["plain-fork"])
+    assert (inherited.max_runtime, inherited.max_tokens) == (5, 1000)

@@ -440,3 +440,32 @@ def test_the_pace_is_the_same_on_replay_and_from_stored_rows() -> None:
     late = whole.inbox("late")
     assert [e.priority for e in late] == [5, 4, 3, 2, 1, 0]
     assert sum(e.not_before is not None for e in late) == 5
+
+
+def test_events_the_router_does_not_take_say_why() -> None:
+    log = running_tree()
+    log.spawn_with("other")
+    log.ask("grandkid", "q1")
+    steps: list[tuple[Recorded, str | None]] = [
+        (log.terminate("ghost"), "terminate of ghost, an agent the log never spawned"),
+        (log.answer("grandkid", "nope", "yes"), "answer to nope, a request the log does not"),
+        (log.answer("kid", "q1", "yes"), "answer to q1 was published about kid, not the asker"),
+        (log.answer("grandkid", "q1", "yes", by="other"), "may not answer a question of tree root"),
+        (log.answer("grandkid", "q1", "left", by="root"), None),
+        (log.answer("grandkid", "q1", "right"), "second answer to q1"),
+    ]
+    state = RouterState()
+    seen = 0
+    for recorded in log.records:
+        state = evolve(state, recorded)
+        for step, expected in steps:
+            if step is recorded:
+                seen += 1
+                if expected is None:
+                    assert state.refused is None
+                else:
+                    assert state.refused is not None
+                    assert expected in state.refused
+    assert seen == len(steps)
+    assert state.requests["q1"].answer == "left"
+    assert "ghost" not in state.routes

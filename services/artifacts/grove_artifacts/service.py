@@ -81,6 +81,8 @@ MAX_PIECE_BYTES = 512 * 1024
 #: Room left in a message for the JSON around the data.
 ENVELOPE_BYTES = 4096
 MEDIA_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+(\s*;.{0,200})?$")
+#: Characters no artifact name may hold: controls (NUL, newlines...) and the backslash.
+NAME_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
 
 STORED_BYTES = Gauge(
     "grove_artifact_bytes", "Bytes of live artifacts (a blob shared by several counted each time)."
@@ -111,6 +113,24 @@ class Refused(ValueError):
 def piece_bytes(max_payload: int) -> int:
     """Most raw bytes one message may carry base64-encoded, under the server's payload limit."""
     return max(CHUNK_BYTES, min(MAX_PIECE_BYTES, (max_payload - ENVELOPE_BYTES) * 3 // 4))
+
+
+def check_name(name: str) -> None:
+    """Refuse a name that could lead whoever saves the artifact by its name out of a folder: a
+    name is a relative path of plain segments (`notes.md`, `reports/week-1.md`)."""
+    if len(name) > 512:
+        raise Refused("bad_request", "'name' must be at most 512 characters")
+    if NAME_FORBIDDEN.search(name):
+        raise Refused(
+            "bad_request", "'name' may not hold control characters or backslashes: " + repr(name)
+        )
+    if name.startswith("/"):
+        raise Refused("bad_request", f"'name' must be a relative path, not {name!r}")
+    if any(segment in ("", ".", "..") for segment in name.split("/")):
+        raise Refused(
+            "bad_request",
+            f"'name' {name!r} has an empty, '.' or '..' segment; names are plain relative paths",
+        )
 
 
 def _text(request: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -334,8 +354,7 @@ class ArtifactStore:
             return self._earlier_put(put_id, await self.tree_of(agent_id))
         name = _text(request, "name")
         assert name is not None
-        if len(name) > 512:
-            raise Refused("bad_request", "'name' must be at most 512 characters")
+        check_name(name)
         media_type = _text(request, "media_type", required=False) or "application/octet-stream"
         if not MEDIA_TYPE.fullmatch(media_type):
             raise Refused("bad_request", f"'media_type' {media_type!r} is not a type/subtype")

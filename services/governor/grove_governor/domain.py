@@ -93,6 +93,18 @@ def tighten_tree(base: PerTreeLimits, own: PerTreeLimits | None) -> PerTreeLimit
     )
 
 
+def tighten_own(base: ResourceLimits | None, own: ResourceLimits | None) -> ResourceLimits | None:
+    """An agent's own limits over those it inherits (a fork's over its source's): the tighter
+    of each per-parent, per-agent and per-tree field (a spawn's global limits are not read)."""
+    if base is None or own is None:
+        return own if base is None else base
+    return ResourceLimits(
+        per_parent=tighten_parent(base.per_parent, own.per_parent),
+        per_agent=tighten_agent(base.per_agent, own.per_agent),
+        per_tree=tighten_tree(base.per_tree, own.per_tree),
+    )
+
+
 def _tighter_int(a: int | None, b: int | None) -> int | None:
     value = _tighter(a, b)
     return None if value is None else int(value)
@@ -417,9 +429,11 @@ def _on_fork(state: GovernorState, event: ForkEvent) -> None:
     source = state.agents.get(event.source_agent)
     if event.agent_id in state.agents:
         return
-    own = event.config.resource_limits if event.config else None
-    if source is not None and own is None:
-        own = source.own_limits
+    # A fork runs under its source's own limits, tightened by any it names itself.
+    own = tighten_own(
+        source.own_limits if source else None,
+        event.config.resource_limits if event.config else None,
+    )
     state.add(
         AgentSlot(
             agent_id=event.agent_id,

@@ -180,6 +180,8 @@ class RouterState(KeyedState):
     woken: set[str] = field(default_factory=set, repr=False, compare=False)
     #: Seconds the last event folded (a message) was put off by the message rate (not stored).
     paced_s: float = field(default=0.0, repr=False, compare=False)
+    #: Why the last event folded was refused, when it was (not stored; the service records it).
+    refused: str | None = field(default=None, repr=False, compare=False)
 
     # -- storage -------------------------------------------------------------------------
 
@@ -319,6 +321,7 @@ def evolve(
     event = recorded.event
     state.woken.clear()
     state.paced_s = 0.0
+    state.refused = None
     known = event.agent_id in state.tree.agents
     state.tree = evolve_tree(state.tree, recorded)
     match event:
@@ -331,6 +334,11 @@ def evolve(
         case StatusEvent():
             _on_status(state, event, recorded.seq)
         case TerminateEvent():
+            if not known:
+                state.refused = (
+                    f"terminate of {event.agent_id}, an agent the log never spawned or forked"
+                )
+                return state
             route = state.routes.get(event.agent_id)
             if route is not None:
                 route.running = False
@@ -457,7 +465,15 @@ def _on_hitl(state: RouterState, event: HitlEvent, seq: int) -> None:
         _route(state, event, seq, addresses, also=ancestors)
         return
     request = state.requests.get(event.request_id)
-    if request is None or not request.pending or forged_answer(state, event, request):
+    if request is None:
+        state.refused = f"answer to {event.request_id}, a request the log does not have"
+        return
+    if not request.pending:
+        state.refused = f"second answer to {event.request_id}; the first one (seq "
+        state.refused += f"{request.answer_seq}) stands"
+        return
+    state.refused = forged_answer(state, event, request)
+    if state.refused is not None:
         return
     request.answer = event.answer
     request.by = event.by

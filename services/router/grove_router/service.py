@@ -50,6 +50,12 @@ PACED = Counter(
     "grove_router_messages_paced_total",
     "Messages global.max_message_rate put off: delivered later, in log order.",
 )
+REFUSED = Counter(
+    "grove_router_refused_events_total",
+    "Valid events the router would not take: a forged or second HITL answer, the end of an "
+    "agent the log never had.",
+    ["kind"],
+)
 
 Answer = dict[str, Any]
 
@@ -129,6 +135,11 @@ class Router:
             await self._count_pending()
         if self.state.paced_s > 0:
             PACED.inc()
+        if self.state.refused is not None:
+            REFUSED.labels(recorded.event.type).inc()
+            log.warning(
+                "refused %s at seq %s: %s", recorded.subject, recorded.seq, self.state.refused
+            )
         for agent_id in self.state.woken:
             DELIVERIES.inc()
             waiter = self._inbox_waiters.pop(agent_id, None)
