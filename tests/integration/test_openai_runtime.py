@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import pytest
 
 from agentgrove import GroveClient, SubAgentDefinition, build_config
@@ -107,7 +108,7 @@ async def test_a_tool_loop_spawns_children_and_reports_usage(
         assert SECRET.encode() not in record.data
 
 
-async def test_the_key_stays_out_of_the_service_logs(
+async def test_the_key_stays_out_of_the_log_service_logs_and_metrics(
     make_stack: StackFactory, fake: FakeOpenAI
 ) -> None:
     stack = make_stack(name="leaky", OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY=SECRET)
@@ -122,6 +123,13 @@ async def test_the_key_stays_out_of_the_service_logs(
             assert SECRET.encode() not in record.data
     for log_file in (stack.data_dir / "logs").iterdir():
         assert SECRET not in log_file.read_text(errors="replace"), log_file.name
+    async with aiohttp.ClientSession() as session:
+        for service in stack.services.values():
+            url = f"http://127.0.0.1:{service.http_port}/metrics"
+            async with session.get(url) as response:
+                exported = await response.text()
+            assert "grove_" in exported, service.name
+            assert SECRET not in exported, service.name
 
 
 async def test_max_iterations_stops_the_run_and_says_so(client: GroveClient) -> None:
