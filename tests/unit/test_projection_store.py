@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from grove_core.projection import ProjectionStore
+from grove_core.projection import ProjectionStore, row_of
+from grove_router.domain import RouterState
+from grove_router.domain import evolve as evolve_router
+from tests.unit.helpers import Log
 
 pytestmark = pytest.mark.unit
 
@@ -20,3 +25,25 @@ def test_rows_and_checkpoint_round_trip(tmp_path: Path) -> None:
     assert store.load("gov") == (7, {"b": {"x": 3}})
     assert store.load("other") == (1, {"a": {"y": 1}})
     store.close()
+
+
+def test_a_row_is_what_asdict_gives_and_does_not_change_with_the_state() -> None:
+    log = Log()
+    log.spawn("root")
+    log.spawn("kid", parent="root", subscriptions=["topic:x"])
+    log.status("root", "started")
+    log.terminate("kid")
+    state = RouterState()
+    for recorded in log.records:
+        state = evolve_router(state, recorded)
+    records: list[object] = [*state.routes.values(), *state.tree.agents.values()]
+    records += [entry for entries in state.inboxes.values() for entry in entries]
+    assert records
+    for record in records:
+        assert row_of(record) == json.loads(json.dumps(dataclasses.asdict(record)))  # type: ignore[call-overload]
+    route = state.routes["kid"]
+    row = row_of(route)
+    route.subscriptions.append("topic:later")
+    assert "topic:later" not in row["subscriptions"]
+    with pytest.raises(TypeError):
+        row_of("not a dataclass")

@@ -9,6 +9,7 @@ so a redelivery is harmless; an empty database replays from sequence 1 to the sa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -59,6 +60,46 @@ rows_table = Table(
     Column("key", String(256), primary_key=True),
     Column("data", JSON, nullable=False),
 )
+
+
+_ATOMS = (str, int, float, bool, type(None))
+_ATOM_TYPES = frozenset(_ATOMS)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def plain(value: Any) -> Any:
+    """A dataclass (or list, tuple, dict of them) as JSON-ready data, like `dataclasses.asdict`
+    but without its deep copy of every value: a state writes many rows per second, each
+    handed to the database while the fold goes on (so containers are copied, atoms shared).
+    """
+    kind = type(value)
+    if kind in _ATOM_TYPES or isinstance(value, _ATOMS):
+        return value
+    if kind is list or isinstance(value, list | tuple):
+        return [item if type(item) in _ATOM_TYPES else plain(item) for item in value]
+    if isinstance(value, dict):
+        return {
+            key: item if type(item) in _ATOM_TYPES else plain(item) for key, item in value.items()
+        }
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            raise TypeError(f"cannot store a {kind.__name__} in a projection row")
+        names = tuple(f.name for f in dataclasses.fields(value))
+        _FIELD_NAMES[kind] = names
+    row = {}
+    for name in names:
+        item = getattr(value, name)
+        row[name] = item if type(item) in _ATOM_TYPES else plain(item)
+    return row
+
+
+def row_of(record: Any) -> dict[str, Any]:
+    """A dataclass record as a stored row (see `plain`)."""
+    row = plain(record)
+    if not isinstance(row, dict):
+        raise TypeError(f"a row is made of a dataclass, not a {type(record).__name__}")
+    return row
 
 
 class FoldState(Protocol):

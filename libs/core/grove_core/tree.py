@@ -5,11 +5,11 @@ The router keeps it as its projection; `grove tree` folds it from a replay of th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from grove_core.log import Recorded
-from grove_core.projection import KeyedState
+from grove_core.projection import KeyedState, row_of
 from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 #: Status types that say where an agent's lifecycle is (others are progress reports).
@@ -59,7 +59,7 @@ class TreeState(KeyedState):
 
     def row(self, key: str) -> dict[str, Any] | None:
         node = self.agents.get(key)
-        return None if node is None else asdict(node)
+        return None if node is None else row_of(node)
 
     @classmethod
     def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:

@@ -13,11 +13,11 @@ shares the blob: what a tree may store does not depend on what other trees store
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from grove_core.log import Recorded
-from grove_core.projection import KeyedState
+from grove_core.projection import KeyedState, row_of
 from grove_events import ArtifactEvent, ForkEvent, SpawnEvent
 
 #: Row keys of the agent -> tree map start with this (artifact ids cannot hold a colon).
@@ -63,7 +63,7 @@ class ArtifactIndex(KeyedState):
             tree_id = self.agents.get(key.removeprefix(AGENT_KEY))
             return None if tree_id is None else {"tree_id": tree_id}
         entry = self.artifacts.get(key)
-        return None if entry is None else asdict(entry)
+        return None if entry is None else row_of(entry)
 
     @classmethod
     def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:

@@ -17,7 +17,7 @@ that the router folds alike.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
 from grove_core.log import Recorded
@@ -27,7 +27,7 @@ from grove_core.permissions import (
     refused_answer,
     spawn_refusal,
 )
-from grove_core.projection import KeyedState
+from grove_core.projection import KeyedState, row_of
 from grove_events import (
     ControlEvent,
     ForkEvent,
@@ -272,7 +272,7 @@ class GovernorState(KeyedState):
             return None if tree is None else tree.to_row()
         if key.startswith(REQUEST_PREFIX):
             request = self.requests.get(key[len(REQUEST_PREFIX) :])
-            return None if request is None else asdict(request)
+            return None if request is None else row_of(request)
         slot = self.agents.get(key)
         return None if slot is None else slot.to_row(self.order[key])
 

@@ -23,14 +23,14 @@ every replay.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import takewhile
 from typing import Any, Self
 
 from grove_core.log import Recorded
 from grove_core.permissions import effective_permissions, is_approval
-from grove_core.projection import KeyedState
+from grove_core.projection import KeyedState, row_of
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import (
@@ -189,17 +189,17 @@ class RouterState(KeyedState):
         kind, _, rest = key.partition(":")
         if kind == "route":
             route = self.routes.get(rest)
-            return None if route is None else asdict(route)
+            return None if route is None else row_of(route)
         if kind == "inbox":
             agent_id, _, index = rest.rpartition(":")
             entries = self.inboxes.get(agent_id, [])
             position = int(index) - 1
-            return asdict(entries[position]) if 0 <= position < len(entries) else None
+            return row_of(entries[position]) if 0 <= position < len(entries) else None
         if kind == "hitl":
             request = self.requests.get(rest)
-            return None if request is None else asdict(request)
+            return None if request is None else row_of(request)
         if key == PACE_KEY:
-            return asdict(self.pace)
+            return row_of(self.pace)
         return None
 
     def take_dirty(self) -> dict[str, dict[str, Any] | None]:
