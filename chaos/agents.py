@@ -13,10 +13,15 @@ import asyncio
 import hashlib
 import json
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from agentgrove.artifacts import ArtifactError
 from agentgrove.context import AgentContext
 from agentgrove.routing import riding_out_restarts
+from grove_events import new_id
+
+T = TypeVar("T")
 
 #: Seconds a manager waits for one child before it reports that child as lost.
 CHILD_WAIT_S = 120.0
@@ -73,21 +78,27 @@ async def asker(ctx: AgentContext, sleep: float) -> str:
 
 
 async def artifact(ctx: AgentContext, sleep: float) -> str:
-    """Store some bytes and read them back (retrying while the artifact-store restarts)."""
+    """Store some bytes and read them back, each step tried again while the artifact-store
+    restarts (the put under one put_id, so a put whose answer was lost is stored once)."""
     data = hashlib.sha256(ctx.agent_id.encode()).hexdigest() * 64
-    for attempt in range(ARTIFACT_ATTEMPTS):
+    put_id = new_id()
+    stored = await _attempts(
+        lambda: ctx.put_artifact(data, f"{ctx.agent_id}.txt", "text/plain", put_id=put_id)
+    )
+    read = await _attempts(lambda: ctx.get_artifact(stored.artifact_id))
+    if read != data.encode():
+        raise RuntimeError(f"artifact {stored.artifact_id} came back changed")
+    return f"artifact {stored.artifact_id} {stored.sha256}"
+
+
+async def _attempts(step: Callable[[], Awaitable[T]]) -> T:
+    """`step`, tried again after an ArtifactError (up to ARTIFACT_ATTEMPTS times)."""
+    for attempt in range(ARTIFACT_ATTEMPTS - 1):
         try:
-            stored = await ctx.put_artifact(data, f"{ctx.agent_id}.txt", "text/plain")
-            read = await ctx.get_artifact(stored.artifact_id)
+            return await step()
         except ArtifactError:
-            if attempt == ARTIFACT_ATTEMPTS - 1:
-                raise
             await asyncio.sleep(1.0 + attempt)
-        else:
-            if read != data.encode():
-                raise RuntimeError(f"artifact {stored.artifact_id} came back changed")
-            return f"artifact {stored.artifact_id} {stored.sha256}"
-    raise AssertionError("unreachable")
+    return await step()
 
 
 async def messenger(ctx: AgentContext, sleep: float) -> str:

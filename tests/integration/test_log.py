@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime
 
 import pytest
 
 from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded, decode_record
-from grove_events import AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
+from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +169,39 @@ async def test_an_event_without_a_timestamp_gets_the_stream_s_whatever_the_read(
     assert timestamp is not None
     assert timestamp.microsecond % 1000 == 0
     assert abs((timestamp - stored.time).total_seconds()) < 0.001
+
+
+async def test_more_than_a_thousand_readers_at_once(event_log: EventLog) -> None:
+    # nats-server 2.15 gives a stream 1,000 consumers unless it names its own limit; a busy
+    # tree holds one ordered consumer per wait for a child's end.
+    info = await event_log.js.stream_info(event_log.stream)
+    assert info.config.max_consumers == GROVE_STREAM.max_consumers
+    agent = new_id()
+    followers = [event_log.read(1, subjects=f"grove.*.{agent}", follow=True) for _ in range(1100)]
+    firsts = [asyncio.ensure_future(anext(f)) for f in followers]
+    try:
+        await asyncio.sleep(0)
+        await event_log.append(
+            SpawnEvent(
+                event_id=new_id(),
+                agent_id=agent,
+                task="t",
+                config=AgentConfig(runtime="command", command=["true"]),
+            )
+        )
+        async with asyncio.timeout(60):
+            seen = await asyncio.gather(*firsts)
+        assert {record.subject for record in seen} == {f"grove.spawn.{agent}"}
+    finally:
+        for first in firsts:
+            first.cancel()
+        for follower in followers:
+            await follower.aclose()
+
+
+async def test_set_up_gives_an_existing_stream_the_consumer_limit(event_log: EventLog) -> None:
+    info = await event_log.js.stream_info(event_log.stream)
+    await event_log.js.update_stream(dataclasses.replace(info.config, max_consumers=1000))
+    await event_log.ensure_stream()
+    info = await event_log.js.stream_info(event_log.stream)
+    assert info.config.max_consumers == GROVE_STREAM.max_consumers

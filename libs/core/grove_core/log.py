@@ -196,6 +196,7 @@ def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamC
         max_bytes=definition.max_bytes,
         max_msgs=definition.max_msgs,
         discard=js_api.DiscardPolicy(definition.discard),
+        max_consumers=definition.max_consumers,
         num_replicas=definition.replicas,
         allow_direct=True,
     )

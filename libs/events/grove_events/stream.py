@@ -26,6 +26,11 @@ class StreamDefinition:
     max_msgs: int = -1
     #: At a size limit, refuse new messages (producers are told) rather than drop old facts.
     discard: str = "new"
+    #: Consumers the stream may have at once. Every replay and every wait for an agent's end
+    #: is an ordered consumer while it lasts (a manager waiting on its children holds one per
+    #: child); nats-server 2.15 allows a stream 1,000 unless the stream names its own limit
+    #: (and reads 0 or -1 as "its default", not as "no limit").
+    max_consumers: int = 100_000
     replicas: int = 1
 
 

@@ -557,12 +557,21 @@ class AgentContext:
     # -- artifacts ---------------------------------------------------------------------------
 
     async def put_artifact(
-        self, data: bytes | str, name: str, media_type: str | None = None
+        self,
+        data: bytes | str,
+        name: str,
+        media_type: str | None = None,
+        *,
+        put_id: str | None = None,
     ) -> Artifact:
         """Store `data` as an artifact of this agent (text as UTF-8 `text/plain`); its
-        `artifact_id` is the handle to pass on. Any agent of this tree can read it."""
+        `artifact_id` is the handle to pass on. Any agent of this tree can read it.
+
+        `put_id` (an id the agent chose) makes the put safe to try again: a put that failed
+        without saying whether it was stored, repeated under the same `put_id`, is stored once.
+        """
         await self.pause_point()
-        return await self._artifacts.put(data, name=name, media_type=media_type)
+        return await self._artifacts.put(data, name=name, media_type=media_type, put_id=put_id)
 
     async def get_artifact(self, artifact_id: str) -> bytes:
         """The bytes of an artifact of this agent's tree (a child's result handle, say); an

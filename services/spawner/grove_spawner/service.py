@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, cast
 
+import nats.errors
 from prometheus_client import Counter
 from pydantic import Field, model_validator
 
@@ -108,7 +109,7 @@ TERMINATE_RETRY_MAX_S = 5.0
 TERMINATE_RETRIES = Counter(
     "grove_spawner_end_retries_total",
     "Appends of an agent's end (last status, terminate) the log refused or did not "
-    "acknowledge, each tried again.",
+    "acknowledge, and reads for it that got no answer, each tried again.",
 )
 RECANCELS = Counter(
     "grove_spawner_recancels_total",
@@ -548,7 +549,7 @@ class Spawner:
         """Whether the agent itself appended `completed` or `failed` during this instance."""
         if agent.reported_end or (context is not None and context.reported_end):
             return True
-        raw = await self.log.get_last(subject_for("status", agent.spawn.agent_id))
+        raw = await self._read_until_answered(subject_for("status", agent.spawn.agent_id))
         status = _decode(raw)
         return (
             raw is not None
@@ -607,6 +608,19 @@ class Spawner:
         await self._append_until_stored(
             self._status(agent, "failed", (outcome.error or "failed")[:500], details)
         )
+
+    async def _read_until_answered(self, subject: str) -> RawRecord | None:
+        """The last message on `subject`, asked again while the log does not answer (the
+        agent's end waits on it: a restarting nats-server must not lose the end)."""
+        pause = TERMINATE_RETRY_S
+        while True:
+            try:
+                return await self.log.get_last(subject)
+            except (nats.errors.Error, LogError, OSError) as exc:
+                TERMINATE_RETRIES.inc()
+                log.warning("reading %s failed, retrying in %gs: %r", subject, pause, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, TERMINATE_RETRY_MAX_S)
 
     async def _append_until_stored(
         self, event: Event, *, expect_last_seq: int | None = None
