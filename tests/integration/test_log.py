@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from nats.js import api as js_api
 
 from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded, decode_record
 from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
@@ -205,3 +206,39 @@ async def test_set_up_gives_an_existing_stream_the_consumer_limit(event_log: Eve
     await event_log.ensure_stream()
     info = await event_log.js.stream_info(event_log.stream)
     assert info.config.max_consumers == GROVE_STREAM.max_consumers
+
+
+async def test_lookups_are_direct_only_on_a_single_replica_stream(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Any replica answers a direct get, and a follower may lag: on a replicated stream the
+    # leader answers lookups (a spawner must find the spawn of an agent it was told to start).
+    agent = new_id()
+    await event_log.append(
+        SpawnEvent(
+            event_id=new_id(),
+            agent_id=agent,
+            task="t",
+            config=AgentConfig(runtime="command", command=["true"]),
+        )
+    )
+    assert await event_log._direct()
+    direct = await event_log.get_last(subject_for("spawn", agent))
+
+    info = await event_log.js.stream_info(event_log.stream)
+    three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
+
+    async def replicated_info(name: str) -> js_api.StreamInfo:
+        return three
+
+    monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
+    replicated = EventLog(event_log.nc, event_log.js)
+    assert not await replicated._direct()
+    from_leader = await replicated.get_last(subject_for("spawn", agent))
+    assert direct is not None
+    assert from_leader is not None
+    assert (from_leader.seq, from_leader.data, from_leader.timestamp) == (
+        direct.seq,
+        direct.data,
+        direct.timestamp,
+    )

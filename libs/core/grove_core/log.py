@@ -235,6 +235,8 @@ class EventLog:
         self.js = js
         self.definition = definition
         self.stream = definition.name
+        #: Whether lookups may be answered by any replica (see `_direct`); None: not known yet.
+        self._direct_reads: bool | None = None
 
     @classmethod
     async def connect(
@@ -430,10 +432,23 @@ class EventLog:
 
     # -- reading ---------------------------------------------------------------------------
 
+    async def _direct(self) -> bool:
+        """Whether lookups are direct gets. Any replica of a stream answers a direct get, and
+        a follower may not have the newest messages yet: a spawner that looked up an admitted
+        agent's spawn there could find nothing and drop the admission. So a replicated
+        stream's lookups go to its leader; a single-replica stream's are direct (faster)."""
+        if self._direct_reads is None:
+            try:
+                info = await self.js.stream_info(self.stream)
+            except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+                return False  # the leader answers until the stream is known
+            self._direct_reads = (info.config.num_replicas or 1) <= 1
+        return self._direct_reads
+
     async def get_last(self, subject: str) -> RawRecord | None:
         """The newest message on a subject (wildcards allowed), or None."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject, direct=True)
+            raw = await self.js.get_last_msg(self.stream, subject, direct=await self._direct())
         except nats.js.errors.NotFoundError:
             return None
         return RawRecord(
@@ -448,7 +463,11 @@ class EventLog:
         """The first message on a subject (wildcards allowed) at or after `from_seq`, or None."""
         try:
             raw = await self.js.get_msg(
-                self.stream, seq=max(from_seq, 1), subject=subject, direct=True, next=True
+                self.stream,
+                seq=max(from_seq, 1),
+                subject=subject,
+                direct=await self._direct(),
+                next=True,
             )
         except nats.js.errors.NotFoundError:
             return None
