@@ -8,11 +8,13 @@ import json
 import random
 from collections.abc import Callable, Iterator
 
+import aiohttp
 import pytest
 
 from agentgrove.client import GroveClient
+from agentgrove.routing import RouterError
 from grove_core.log import EventLog
-from grove_events import KINDS, new_id
+from grove_events import KINDS, ResultSummary, TerminateEvent, new_id
 from tests.conftest import StackFactory
 from tests.integration.test_recovery import (
     ROOMY,
@@ -20,6 +22,7 @@ from tests.integration.test_recovery import (
     history,
     python_agent,
     wait_ended,
+    wait_metric,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -130,3 +133,29 @@ async def wait_started(event_log: EventLog, agents: list[str]) -> None:
             if all(started[a] for a in agents):
                 return
             await asyncio.sleep(0.1)
+
+
+async def test_the_end_of_an_agent_that_never_was_is_refused_and_recorded(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    stack = await asyncio.to_thread(make_stack)
+    ghost = new_id()
+    await event_log.append(
+        TerminateEvent(
+            event_id=new_id(),
+            agent_id=ghost,
+            reason="completed",
+            result=ResultSummary(summary="I was never here"),
+        )
+    )
+    router = stack.services["router"]
+    async with aiohttp.ClientSession() as session, asyncio.timeout(20):
+        await wait_metric(
+            session, router.http_port, "grove_router_refused_events_total", 1, kind="terminate"
+        )
+    assert (
+        f"terminate of {ghost}, an agent the log never spawned or forked"
+        in (stack.data_dir / "logs" / "router.log").read_text()
+    )
+    with pytest.raises(RouterError, match="no agent"):
+        await GroveClient(event_log).summary(ghost)
