@@ -182,14 +182,7 @@ async def test_more_than_a_thousand_readers_at_once(event_log: EventLog) -> None
     firsts = [asyncio.ensure_future(anext(f)) for f in followers]
     try:
         await asyncio.sleep(0)
-        await event_log.append(
-            SpawnEvent(
-                event_id=new_id(),
-                agent_id=agent,
-                task="t",
-                config=AgentConfig(runtime="command", command=["true"]),
-            )
-        )
+        await event_log.append(spawn_event(agent))
         async with asyncio.timeout(60):
             seen = await asyncio.gather(*firsts)
         assert {record.subject for record in seen} == {f"grove.spawn.{agent}"}
@@ -214,14 +207,7 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     # Any replica answers a direct get, and a follower may lag: on a replicated stream the
     # leader answers lookups (a spawner must find the spawn of an agent it was told to start).
     agent = new_id()
-    await event_log.append(
-        SpawnEvent(
-            event_id=new_id(),
-            agent_id=agent,
-            task="t",
-            config=AgentConfig(runtime="command", command=["true"]),
-        )
-    )
+    await event_log.append(spawn_event(agent))
     assert await event_log._direct()
     direct = await event_log.get_last(subject_for("spawn", agent))
 

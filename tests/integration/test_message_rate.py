@@ -18,6 +18,7 @@ from grove_core.log import EventLog, Recorded
 from grove_events import MessageEvent
 from grove_router.service import NAME
 from tests.conftest import NatsEndpoint, StackFactory
+from tests.integration.test_governance import wait_status
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +34,6 @@ CLOCK_LEEWAY_S = 0.01
 async def client(nats_server: NatsEndpoint) -> AsyncIterator[GroveClient]:
     async with await GroveClient.connect(nats_server.url) as grove:
         yield grove
-
-
-async def wait_status(log: EventLog, agent_id: str, status_type: str, timeout: float = 20) -> None:
-    async def seen() -> None:
-        async for item in log.events(1, subjects=f"grove.status.{agent_id}", follow=True):
-            if isinstance(item, Recorded) and getattr(item.event, "status_type", "") == status_type:
-                return
-
-    await asyncio.wait_for(seen(), timeout)
 
 
 async def messages(log: EventLog) -> list[MessageEvent]:
