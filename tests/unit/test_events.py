@@ -65,6 +65,17 @@ def test_minimal_spawn_gets_documented_defaults() -> None:
     assert event.schema_version == 1
 
 
+def test_null_session_and_root_tree_take_their_defaults_on_both_decode_paths() -> None:
+    stamped = {**MINIMAL_SPAWN, "timestamp": "2026-05-01T12:00:00Z"}
+    for body in (MINIMAL_SPAWN, stamped):  # stepwise (no timestamp) and straight from bytes
+        nulls = {**body, "session_id": None, "tree_id": None}
+        event = decode("grove.spawn.a-1", json.dumps(nulls).encode())
+        assert (event.session_id, event.tree_id) == ("a-1", "a-1")
+        assert encode(event) == encode(decode("grove.spawn.a-1", json.dumps(body).encode()))
+    built = SpawnEvent(event_id="e-1", agent_id="a-3", task="t", config=MINIMAL_SPAWN["config"])
+    assert (built.session_id, built.tree_id) == ("a-3", "a-3")
+
+
 def test_missing_timestamp_is_the_stream_timestamp_every_time() -> None:
     stored_at = datetime(2026, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
     data = json.dumps(MINIMAL_SPAWN).encode()

@@ -132,14 +132,11 @@ class SpawnEvent(Envelope):
 
     _subs = field_validator("subscriptions")(_check_subscriptions)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _root_is_its_own_tree(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("parent") is None and data.get("tree_id") is None:
-            agent_id = data.get("agent_id")
-            if agent_id is not None:
-                data = {**data, "tree_id": agent_id}
-        return data
+    @model_validator(mode="after")
+    def _root_is_its_own_tree(self) -> SpawnEvent:
+        if self.parent is None and self.tree_id is None:
+            object.__setattr__(self, "tree_id", self.agent_id)
+        return self
 
 
 class StatusPayload(Model):
