@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grove_core.projection import ProjectionStore, row_of
+from grove_core.projection import ProjectionStore, encode_row, plain
 from grove_router.domain import RouterState
 from grove_router.domain import evolve as evolve_router
 from tests.unit.helpers import Log
@@ -23,11 +23,15 @@ def test_rows_and_checkpoint_round_trip(tmp_path: Path) -> None:
     store.save("gov", 7, {"a": None, "b": {"x": 3}})
     store.save("other", 1, {"a": {"y": 1}})
     assert store.load("gov") == (7, {"b": {"x": 3}})
+    store.save("gov", 9, {"c": encode_row({"x": [4]}), "b": None})  # rows as JSON text
+    assert store.load("gov") == (9, {"c": {"x": [4]}})
     assert store.load("other") == (1, {"a": {"y": 1}})
     store.close()
 
 
 def test_a_row_is_what_asdict_gives_and_does_not_change_with_the_state() -> None:
+    """Both forms of a row (plain data, JSON text) are the record's fields as asdict gives
+    them, and neither changes when the fold changes the record afterwards."""
     log = Log()
     log.spawn("root")
     log.spawn("kid", parent="root", subscriptions=["topic:x"])
@@ -40,10 +44,14 @@ def test_a_row_is_what_asdict_gives_and_does_not_change_with_the_state() -> None
     records += [entry for entries in state.inboxes.values() for entry in entries]
     assert records
     for record in records:
-        assert row_of(record) == json.loads(json.dumps(dataclasses.asdict(record)))  # type: ignore[call-overload]
+        fields = json.loads(json.dumps(dataclasses.asdict(record)))  # type: ignore[call-overload]
+        assert plain(record) == json.loads(encode_row(record)) == fields
     route = state.routes["kid"]
-    row = row_of(route)
+    row, text = plain(route), encode_row(route)
     route.subscriptions.append("topic:later")
     assert "topic:later" not in row["subscriptions"]
+    assert "topic:later" not in text
     with pytest.raises(TypeError):
-        row_of("not a dataclass")
+        plain({1, 2})
+    with pytest.raises(TypeError):
+        encode_row({1, 2})

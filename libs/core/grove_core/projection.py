@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
 
+import orjson
 import sqlalchemy.event
 import sqlalchemy.exc
 from sqlalchemy import (
@@ -34,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
 from grove_core import metrics
@@ -94,12 +94,14 @@ def plain(value: Any) -> Any:
     return row
 
 
-def row_of(record: Any) -> dict[str, Any]:
-    """A dataclass record as a stored row (see `plain`)."""
-    row = plain(record)
-    if not isinstance(row, dict):
-        raise TypeError(f"a row is made of a dataclass, not a {type(record).__name__}")
-    return row
+def encode_row(row: Any) -> str:
+    """A row (a dataclass record, or JSON-ready data) as JSON text, the form the store keeps.
+
+    orjson writes a dataclass as its fields, like `plain` and `dataclasses.asdict` do, several
+    times faster than `plain` followed by `json.dumps`; rows are encoded as they are taken, so
+    the fold may change the records at once.
+    """
+    return orjson.dumps(row).decode()
 
 
 class FoldState(Protocol):
@@ -107,6 +109,10 @@ class FoldState(Protocol):
 
     def take_dirty(self) -> dict[str, dict[str, Any] | None]:
         """Rows changed since the last call (key -> JSON-ready row, None = deleted)."""
+        ...
+
+    def take_dirty_json(self) -> dict[str, str | None]:
+        """The same, each row already encoded as JSON text (what the runner stores)."""
         ...
 
     @classmethod
@@ -133,14 +139,26 @@ class KeyedState(ABC):
         self.dirty.add(key)
 
     @abstractmethod
-    def row(self, key: str) -> dict[str, Any] | None:
-        """The stored form of one row (None when it is gone)."""
+    def row(self, key: str) -> Any:
+        """What to store for one key: a dataclass record (stored as its fields) or JSON-ready
+        data; None when the row is gone. It may be the live record: takers copy or encode it
+        at once."""
 
-    def take_dirty(self) -> dict[str, dict[str, Any] | None]:
-        """The changed rows, and forget that they changed."""
+    def dirty_rows(self) -> dict[str, Any]:
+        """The changed rows as `row` gives them, and forget that they changed."""
         out = {key: self.row(key) for key in self.dirty}
         self.dirty.clear()
         return out
+
+    def take_dirty(self) -> dict[str, dict[str, Any] | None]:
+        """The changed rows as JSON-ready data, and forget that they changed."""
+        return {key: None if row is None else plain(row) for key, row in self.dirty_rows().items()}
+
+    def take_dirty_json(self) -> dict[str, str | None]:
+        """The changed rows encoded as JSON text, and forget that they changed."""
+        return {
+            key: None if row is None else encode_row(row) for key, row in self.dirty_rows().items()
+        }
 
 
 def _sqlite_normal_sync(dbapi_connection: Any, _record: Any) -> None:
@@ -149,6 +167,16 @@ def _sqlite_normal_sync(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+#: A row in the form the store takes it: JSON text, or JSON-ready data.
+Row = str | dict[str, Any]
+
+_SQLITE_UPSERT = (
+    "INSERT INTO grove_projection_rows (projection, key, data) VALUES (?, ?, ?) "
+    "ON CONFLICT (projection, key) DO UPDATE SET data = excluded.data"
+)
+_SQLITE_DELETE = "DELETE FROM grove_projection_rows WHERE projection = ? AND key = ?"
 
 
 def _upsert_rows(dialect: str) -> Insert | None:
@@ -177,6 +205,7 @@ class ProjectionStore:
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
         _meta.create_all(self.engine)
         self._upsert = _upsert_rows(self.engine.dialect.name)
+        self._sqlite = self.engine.dialect.name == "sqlite"
 
     def load(self, projection: str) -> tuple[int, dict[str, dict[str, Any]]]:
         """(checkpoint, rows) of a projection; (0, {}) when it has none."""
@@ -189,35 +218,66 @@ class ProjectionStore:
                     rows_table.c.projection == projection
                 )
             ).all()
-        decoded = {key: (json.loads(data) if isinstance(data, str) else data) for key, data in rows}
+        decoded = {
+            key: (orjson.loads(data) if isinstance(data, str) else data) for key, data in rows
+        }
         return int(seq or 0), decoded
 
-    def save(self, projection: str, seq: int, changed: dict[str, dict[str, Any] | None]) -> None:
-        """Write changed rows and the checkpoint in one transaction."""
+    def save(self, projection: str, seq: int, changed: Mapping[str, Row | None]) -> None:
+        """Write changed rows and the checkpoint in one transaction. A row is JSON text (as
+        `encode_row` gives it) or JSON-ready data; None deletes it."""
         with self.engine.begin() as conn:
-            if changed:
-                live = [
-                    {"projection": projection, "key": key, "data": row}
-                    for key, row in changed.items()
-                    if row is not None
-                ]
-                # With an upsert, only removed rows are deleted; without, every changed one.
-                upsert = self._upsert
-                stale = [key for key, row in changed.items() if row is None or upsert is None]
-                for start in range(0, len(stale), 500):
-                    conn.execute(
-                        delete(rows_table).where(
-                            rows_table.c.projection == projection,
-                            rows_table.c.key.in_(stale[start : start + 500]),
-                        )
-                    )
-                if live:
-                    conn.execute(insert(rows_table) if upsert is None else upsert, live)
+            if changed and self._sqlite:
+                self._save_sqlite_rows(conn, projection, changed)
+            elif changed:
+                self._save_rows(conn, projection, changed)
             updated = conn.execute(
                 update(checkpoints).where(checkpoints.c.projection == projection).values(seq=seq)
             )
             if updated.rowcount == 0:
                 conn.execute(insert(checkpoints).values(projection=projection, seq=seq))
+
+    @staticmethod
+    def _save_sqlite_rows(
+        conn: Connection, projection: str, changed: Mapping[str, Row | None]
+    ) -> None:
+        # Straight to the driver with the JSON text: SQLAlchemy's per-row processing of a JSON
+        # column cost more than SQLite's own work for the thousands of rows a replay writes.
+        gone = [(projection, key) for key, row in changed.items() if row is None]
+        live = [
+            (projection, key, row if isinstance(row, str) else encode_row(row))
+            for key, row in changed.items()
+            if row is not None
+        ]
+        if gone:
+            conn.exec_driver_sql(_SQLITE_DELETE, gone)
+        if live:
+            conn.exec_driver_sql(_SQLITE_UPSERT, live)
+
+    def _save_rows(
+        self, conn: Connection, projection: str, changed: Mapping[str, Row | None]
+    ) -> None:
+        live = [
+            {
+                "projection": projection,
+                "key": key,
+                "data": orjson.loads(row) if isinstance(row, str) else row,
+            }
+            for key, row in changed.items()
+            if row is not None
+        ]
+        # With an upsert, only removed rows are deleted; without, every changed one.
+        upsert = self._upsert
+        stale = [key for key, row in changed.items() if row is None or upsert is None]
+        for start in range(0, len(stale), 500):
+            conn.execute(
+                delete(rows_table).where(
+                    rows_table.c.projection == projection,
+                    rows_table.c.key.in_(stale[start : start + 500]),
+                )
+            )
+        if live:
+            conn.execute(insert(rows_table) if upsert is None else upsert, live)
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -272,7 +332,7 @@ class ProjectionRunner(Generic[S]):
         self.state: S = state_type.from_rows({})
         self._applied_metric = metrics.EVENTS_APPLIED.labels(name)
         #: Rows taken for a write that failed (or is under way): written with the next one.
-        self._unsaved: dict[str, dict[str, Any] | None] = {}
+        self._unsaved: dict[str, str | None] = {}
         #: Why the last write failed (None: it succeeded).
         self.write_error: str | None = None
         self._write_lock = asyncio.Lock()
@@ -291,7 +351,7 @@ class ProjectionRunner(Generic[S]):
         if self.applied_seq == self.flushed_seq:
             return
         seq = self.applied_seq
-        changed = {**self._unsaved, **self.state.take_dirty()}
+        changed = {**self._unsaved, **self.state.take_dirty_json()}
         try:
             self.store.save(self.name, seq, changed)
         except BaseException:
@@ -307,7 +367,7 @@ class ProjectionRunner(Generic[S]):
             if self.applied_seq == self.flushed_seq:
                 return True
             seq = self.applied_seq
-            changed = {**self._unsaved, **self.state.take_dirty()}
+            changed = {**self._unsaved, **self.state.take_dirty_json()}
             self._unsaved = changed  # until it is written
             self._writing = asyncio.ensure_future(
                 asyncio.to_thread(self.store.save, self.name, seq, changed)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from grove_core.log import Recorded
-from grove_core.projection import KeyedState, row_of
+from grove_core.projection import KeyedState
 from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 #: Status types that say where an agent's lifecycle is (others are progress reports).
@@ -57,9 +57,8 @@ class TreeState(KeyedState):
 
     agents: dict[str, AgentNode] = field(default_factory=dict)
 
-    def row(self, key: str) -> dict[str, Any] | None:
-        node = self.agents.get(key)
-        return None if node is None else row_of(node)
+    def row(self, key: str) -> AgentNode | None:
+        return self.agents.get(key)
 
     @classmethod
     def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:

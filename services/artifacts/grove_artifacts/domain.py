@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from grove_core.log import Recorded
-from grove_core.projection import KeyedState, row_of
+from grove_core.projection import KeyedState
 from grove_events import ArtifactEvent, ForkEvent, SpawnEvent
 
 #: Row keys of the agent -> tree map start with this (artifact ids cannot hold a colon).
@@ -58,12 +58,11 @@ class ArtifactIndex(KeyedState):
     #: sha256 -> size of the blob
     blob_sizes: dict[str, int] = field(default_factory=dict)
 
-    def row(self, key: str) -> dict[str, Any] | None:
+    def row(self, key: str) -> Any:
         if key.startswith(AGENT_KEY):
             tree_id = self.agents.get(key.removeprefix(AGENT_KEY))
             return None if tree_id is None else {"tree_id": tree_id}
-        entry = self.artifacts.get(key)
-        return None if entry is None else row_of(entry)
+        return self.artifacts.get(key)
 
     @classmethod
     def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:

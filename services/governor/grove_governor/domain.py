@@ -27,7 +27,7 @@ from grove_core.permissions import (
     refused_answer,
     spawn_refusal,
 )
-from grove_core.projection import KeyedState, row_of
+from grove_core.projection import KeyedState
 from grove_events import (
     ControlEvent,
     ForkEvent,
@@ -264,15 +264,14 @@ class GovernorState(KeyedState):
     #: How many agents are in each phase (for the gauges, without a walk over every agent).
     phases: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
-    def row(self, key: str) -> dict[str, Any] | None:
+    def row(self, key: str) -> Any:
         if key == GLOBAL_KEY:
             return {"paused": self.paused, "bucket": [self.bucket.tokens, self.bucket.at]}
         if key.startswith(TREE_PREFIX):
             tree = self.trees.get(key[len(TREE_PREFIX) :])
             return None if tree is None else tree.to_row()
         if key.startswith(REQUEST_PREFIX):
-            request = self.requests.get(key[len(REQUEST_PREFIX) :])
-            return None if request is None else row_of(request)
+            return self.requests.get(key[len(REQUEST_PREFIX) :])
         slot = self.agents.get(key)
         return None if slot is None else slot.to_row(self.order[key])
 

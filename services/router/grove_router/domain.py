@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from grove_core.log import Recorded
 from grove_core.permissions import effective_permissions, is_approval
-from grove_core.projection import KeyedState, row_of
+from grove_core.projection import KeyedState
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import (
@@ -185,26 +185,24 @@ class RouterState(KeyedState):
 
     # -- storage -------------------------------------------------------------------------
 
-    def row(self, key: str) -> dict[str, Any] | None:
+    def row(self, key: str) -> Any:
         kind, _, rest = key.partition(":")
         if kind == "route":
-            route = self.routes.get(rest)
-            return None if route is None else row_of(route)
+            return self.routes.get(rest)
         if kind == "inbox":
             agent_id, _, index = rest.rpartition(":")
             entries = self.inboxes.get(agent_id, [])
             position = int(index) - 1
-            return row_of(entries[position]) if 0 <= position < len(entries) else None
+            return entries[position] if 0 <= position < len(entries) else None
         if kind == "hitl":
-            request = self.requests.get(rest)
-            return None if request is None else row_of(request)
+            return self.requests.get(rest)
         if key == PACE_KEY:
-            return row_of(self.pace)
+            return self.pace
         return None
 
-    def take_dirty(self) -> dict[str, dict[str, Any] | None]:
-        out = {f"node:{key}": row for key, row in self.tree.take_dirty().items()}
-        out.update(super().take_dirty())
+    def dirty_rows(self) -> dict[str, Any]:
+        out = {f"node:{key}": row for key, row in self.tree.dirty_rows().items()}
+        out.update(super().dirty_rows())
         return out
 
     @classmethod

@@ -55,7 +55,7 @@ class SpawnerState(KeyedState):
 
     running: dict[str, StartedAgent] = field(default_factory=dict)
 
-    def row(self, key: str) -> dict[str, Any] | None:
+    def row(self, key: str) -> Any:
         agent = self.running.get(key)
         return None if agent is None else agent.to_row()
 
