@@ -10,7 +10,16 @@ from datetime import UTC, datetime
 import pytest
 from nats.js import api as js_api
 
-from grove_core.log import Appended, ConcurrencyConflict, EventLog, Recorded, decode_record
+from grove_core.log import (
+    Append,
+    Appended,
+    ConcurrencyConflict,
+    Delivery,
+    DurableConsumer,
+    EventLog,
+    Recorded,
+    decode_record,
+)
 from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
 
 pytestmark = pytest.mark.integration
@@ -228,3 +237,44 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
         direct.data,
         direct.timestamp,
     )
+
+
+async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(
+    event_log: EventLog,
+) -> None:
+    """A backlog larger than a fetch, then single messages on an idle consumer: every one is
+    handed over once, each agent's in stream order, however many are fetched at a time."""
+    agents = [f"dc-{index}" for index in range(7)]
+    backlog = [status_event(agents[index % 7], "checkpoint") for index in range(150)]
+    appended = await event_log.append_batch([Append(event) for event in backlog])
+    expected: dict[str, list[int]] = {agent: [] for agent in agents}
+    for event, outcome in zip(backlog, appended, strict=True):
+        assert isinstance(outcome, Appended)
+        expected[event.agent_id].append(outcome.seq)
+    handed: dict[str, list[int]] = {agent: [] for agent in agents}
+    late = 3
+    #: count handed over -> set when reached (the backlog, then each late message)
+    reached = {count: asyncio.Event() for count in range(len(backlog), len(backlog) + late + 1)}
+
+    async def handle(delivery: Delivery) -> None:
+        await asyncio.sleep(0.001 * (delivery.record.seq % 3))  # handlers overlap
+        handed[delivery.record.subject.rsplit(".", 1)[-1]].append(delivery.record.seq)
+        await delivery.ack()
+        count = sum(map(len, handed.values()))
+        if count in reached:
+            reached[count].set()
+
+    consumer = DurableConsumer(event_log, "test-backlog", "grove.status.*", batch=64)
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(handle, stop, concurrency=16))
+    try:
+        for index, agent in enumerate(agents[:late]):  # one at a time on an idle consumer
+            await asyncio.wait_for(reached[len(backlog) + index].wait(), 30)
+            appended_late = await event_log.append(status_event(agent, "checkpoint"))
+            expected[agent].append(appended_late.seq)
+        await asyncio.wait_for(reached[len(backlog) + late].wait(), 30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await consumer.close()
+    assert handed == expected

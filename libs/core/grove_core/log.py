@@ -694,10 +694,15 @@ class DurableConsumer:
         limit = asyncio.Semaphore(max(1, concurrency))
         #: subject -> the newest handler task on it, which the next one on it waits for
         tails: dict[str, asyncio.Task[None]] = {}
+        # Each fetch asks for what the server last said is waiting (a delivery carries that
+        # count), at most `batch`: a fetch of more messages than there are returns only when
+        # the server answers "no more" (about 0.3 ms after the last one, on every hop of an
+        # idle system), while a fetch of one returns with its message.
+        wanted = 1
         try:
             while not stop.is_set():
                 try:
-                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                    msgs = await self._sub.fetch(wanted, timeout=1.0)
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 except (
@@ -710,6 +715,7 @@ class DurableConsumer:
                     continue
                 for msg in msgs:
                     delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))
+                    wanted = min(self.batch, max(1, delivery.record.pending))
                     if concurrency <= 1:
                         await _handle_one(handle, delivery)
                         continue

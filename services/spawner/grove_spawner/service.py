@@ -312,15 +312,19 @@ class Spawner:
             log.error("admission of %s names an unknown start %r; ignoring", agent_id, kind)
             return
         kind = cast(StartKind, kind)
-        # Independent reads, in one round trip.
-        last_end, origin = await asyncio.gather(
-            self.log.get_last(subject_for("terminate", agent_id)), self._origin(agent_id)
+        # Independent reads, in one round trip; the agent's first status is read on the guess
+        # that it never ended (a first start), where the search for a `started` begins.
+        last_end, origin, first_status = await asyncio.gather(
+            self.log.get_last(subject_for("terminate", agent_id)),
+            self._origin(agent_id),
+            self.log.get_next(subject_for("status", agent_id), 1),
         )
         end_seq = None if last_end is None else last_end.seq
         if not start_allowed(kind, admitted.seq, end_seq):
             log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
             return
-        if await self._started_since(agent_id, end_seq or 0, admitted.seq):
+        first = first_status if end_seq is None else None
+        if await self._started_since(agent_id, end_seq or 0, admitted.seq, first):
             log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
             return
         agent = await self._instance(status, kind, last_end, origin)
@@ -405,13 +409,20 @@ class Spawner:
         ):
             agent.stop_reason = agent.stop_reason or control.reason or "stopped"
 
-    async def _started_since(self, agent_id: str, after_seq: int, admitted_seq: int) -> bool:
+    async def _started_since(
+        self, agent_id: str, after_seq: int, admitted_seq: int, first: RawRecord | None = None
+    ) -> bool:
         """Whether a `started` status of the agent is in the log between its last end and this
-        admission (one after the admission makes the guarded `started` append lose anyway)."""
+        admission (one after the admission makes the guarded `started` append lose anyway).
+        `first`, when given, is the agent's first status after `after_seq`, already read."""
         subject = subject_for("status", agent_id)
         seq = after_seq + 1
+        raw: RawRecord | None
         while seq < admitted_seq:
-            raw = await self.log.get_next(subject, seq)
+            if first is not None:
+                raw, first = first, None
+            else:
+                raw = await self.log.get_next(subject, seq)
             if raw is None or raw.seq >= admitted_seq:
                 return False
             event = _decode(raw)
