@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from grove_core.settings import ServiceSettings
 from grove_events import AgentConfig, ForkEvent, SpawnEvent, StatusEvent, StatusPayload, new_id
 from grove_spawner.domain import PeerWatch, SpawnerState, evolve, fork_spawn, start_allowed
 from grove_spawner.sessions import (
+    SessionOpen,
+    SessionOpener,
     SessionStore,
     StoredSession,
     fork_context_message,
@@ -250,6 +254,75 @@ def test_a_fork_session_opens_once_from_the_stored_source(tmp_path: Path) -> Non
         ("user", "find the treasure"),
         ("assistant", "step 1"),
     ]
+    store.close()
+
+
+def group_of_opens() -> list[SessionOpen]:
+    """Opens whose results depend on each other: a spawn, its retry, a fork of it, resumes."""
+    later = T0 + timedelta(minutes=5)
+    source = spawn_event()
+    fork = fork_event(later, task="count the coins")
+    return [
+        SessionOpen("spawn", source, T0),
+        SessionOpen("spawn", source, T0),  # a start tried again finds its opening
+        SessionOpen("resume", source, later, resume_message="go on"),
+        SessionOpen("fork", fork_spawn(fork, source), later, fork=fork, source_session="src"),
+        SessionOpen("spawn", spawn_event("other", task="count the stars"), T0),
+        SessionOpen("resume", spawn_event("other"), later),  # no message: adds nothing
+    ]
+
+
+def test_opens_in_one_transaction_give_what_they_give_one_by_one(tmp_path: Path) -> None:
+    together = SessionStore(f"sqlite:///{tmp_path / 'together.db'}")
+    alone = SessionStore(f"sqlite:///{tmp_path / 'alone.db'}")
+    requests = group_of_opens()
+
+    grouped = together.open_many(requests)
+    one_by_one = [alone.open_many([request])[0] for request in requests]
+
+    assert grouped == one_by_one
+    assert [(e.kind, e.content) for e in grouped[3]] == [
+        ("user", "find the treasure"),
+        ("user", "go on"),
+        ("system", fork_context_message("src", "try the back door", "count the coins")),
+        ("user", "count the coins"),
+    ]
+    for session in ("src", "fork", "other"):
+        assert together.entries(session) == alone.entries(session)
+    together.close()
+    alone.close()
+
+
+class CountingStore(SessionStore):
+    """A real store that records the size of each transaction of opens."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.groups: list[int] = []
+
+    def open_many(self, requests: Sequence[SessionOpen]) -> list[list[SessionEntry]]:
+        self.groups.append(len(requests))
+        return super().open_many(requests)
+
+
+async def test_opens_asked_for_together_share_a_transaction_and_a_bad_one_fails_alone(
+    tmp_path: Path,
+) -> None:
+    store = CountingStore(f"sqlite:///{tmp_path / 'sessions.db'}")
+    opener = SessionOpener(store)
+    requests = group_of_opens()
+    broken = SessionOpen("fork", spawn_event("orphan"), T0)  # a fork without its fork event
+
+    results = await asyncio.gather(
+        *(opener.open(request) for request in [*requests, broken]), return_exceptions=True
+    )
+
+    assert isinstance(results[-1], AssertionError)
+    reference = SessionStore(f"sqlite:///{tmp_path / 'reference.db'}")
+    assert results[:-1] == reference.open_many(requests)
+    reference.close()
+    assert store.groups[0] == len(requests) + 1  # all together first, then each alone
+    assert len(store.groups) == 1 + len(requests) + 1
     store.close()
 
 

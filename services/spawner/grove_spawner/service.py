@@ -76,6 +76,8 @@ from grove_spawner.domain import (
 )
 from grove_spawner.runtimes import RUNTIMES, AgentRun, Outcome
 from grove_spawner.sessions import (
+    SessionOpen,
+    SessionOpener,
     SessionStore,
     SessionSync,
     StoredSession,
@@ -263,6 +265,7 @@ class Spawner:
         self.spawner_id = spawner_id
         self.nats_url = nats_url
         self.sessions = sessions
+        self.opener = SessionOpener(sessions)
         self.heartbeat_interval = heartbeat_interval
         self.spawner_timeout = spawner_timeout
         self.stop_grace = stop_grace
@@ -543,14 +546,15 @@ class Spawner:
 
     async def _open_session(self, agent: RunningAgent) -> StoredSession:
         spawn = agent.spawn
-        entries = await asyncio.to_thread(
-            self.sessions.open,
-            agent.start,
-            spawn,
-            fork=agent.fork,
-            source_session=agent.source_session,
-            resume_message=agent.message if agent.start == "resume" else None,
-            now=datetime.now(UTC),
+        entries = await self.opener.open(
+            SessionOpen(
+                agent.start,
+                spawn,
+                datetime.now(UTC),
+                fork=agent.fork,
+                source_session=agent.source_session,
+                resume_message=agent.message if agent.start == "resume" else None,
+            )
         )
         return StoredSession(
             self.sessions, spawn.session_id or spawn.agent_id, spawn.agent_id, entries

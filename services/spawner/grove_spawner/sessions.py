@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -159,6 +160,23 @@ def _sqlite_for_many_writers(engine: Engine, sync: SessionSync) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+@dataclass(frozen=True)
+class SessionOpen:
+    """What opening one agent instance's session needs (see `SessionStore.open`)."""
+
+    kind: StartKind
+    spawn: SpawnEvent
+    now: datetime
+    fork: ForkEvent | None = None
+    source_session: str | None = None
+    resume_message: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        """The session opened: the spawn's, else named after the agent."""
+        return self.spawn.session_id or self.spawn.agent_id
+
+
 class SessionStore:
     """Session entries in one SQL database (see the module's note on which)."""
 
@@ -201,8 +219,30 @@ class SessionStore:
         ]
 
     @staticmethod
-    def _append(conn: Connection, session_id: str, entries: Sequence[SessionEntry]) -> None:
-        if entries:
+    def _entries_of(conn: Connection, session_ids: set[str]) -> dict[str, list[SessionEntry]]:
+        """The entries of several sessions (those that have any), read together."""
+        found: dict[str, list[SessionEntry]] = {}
+        ids = sorted(session_ids)
+        for start in range(0, len(ids), 500):
+            rows = conn.execute(
+                select(
+                    entries_table.c.session_id,
+                    entries_table.c.kind,
+                    entries_table.c.content,
+                    entries_table.c.time,
+                    entries_table.c.agent_id,
+                )
+                .where(entries_table.c.session_id.in_(ids[start : start + 500]))
+                .order_by(entries_table.c.id)
+            ).all()
+            for session_id, kind, content, stamped, agent_id in rows:
+                entry = SessionEntry(check_entry_kind(kind), content, _as_utc(stamped), agent_id)
+                found.setdefault(session_id, []).append(entry)
+        return found
+
+    @staticmethod
+    def _append_rows(conn: Connection, rows: Sequence[tuple[str, SessionEntry]]) -> None:
+        if rows:
             conn.execute(
                 insert(entries_table),
                 [
@@ -213,7 +253,7 @@ class SessionStore:
                         "content": e.content,
                         "time": _as_utc(e.time),
                     }
-                    for e in entries
+                    for session_id, e in rows
                 ],
             )
 
@@ -225,7 +265,7 @@ class SessionStore:
     def append(self, session_id: str, entries: Sequence[SessionEntry]) -> None:
         """Append entries to a session, in order, in one transaction."""
         with self.engine.begin() as conn:
-            self._append(conn, session_id, entries)
+            self._append_rows(conn, [(session_id, entry) for entry in entries])
 
     def open(
         self,
@@ -242,25 +282,98 @@ class SessionStore:
         A spawn or a fork opens the session only when it has no entries yet (a start that is
         tried again finds its opening there); a resume appends its message.
         """
-        session_id = spawn.session_id or spawn.agent_id
+        request = SessionOpen(kind, spawn, now, fork, source_session, resume_message)
+        return self.open_many([request])[0]
+
+    def open_many(self, requests: Sequence[SessionOpen]) -> list[list[SessionEntry]]:
+        """Open several sessions in one transaction, each as `open` would, in order (a later
+        one sees what an earlier one wrote); one transaction fails them all."""
         with self.engine.begin() as conn:
-            existing = self._entries(conn, session_id)
-            if kind == "resume":
-                added = resume_opening(spawn.agent_id, resume_message, now)
-            elif existing:
-                added = []
-            elif kind == "fork":
-                assert fork is not None, "a fork's session opens from its fork event"
-                source = self._entries(conn, source_session or fork.source_agent)
-                added = fork_opening(source, fork, now)
-            else:
-                added = spawn_opening(spawn, now)
-            self._append(conn, session_id, added)
-        return existing + added
+            sessions = self._entries_of(conn, {request.session_id for request in requests})
+            opened = []
+            added_rows: list[tuple[str, SessionEntry]] = []
+            for request in requests:
+                existing = sessions.setdefault(request.session_id, [])
+                if request.kind == "resume":
+                    added = resume_opening(
+                        request.spawn.agent_id, request.resume_message, request.now
+                    )
+                elif existing:
+                    added = []
+                elif request.kind == "fork":
+                    fork = request.fork
+                    assert fork is not None, "a fork's session opens from its fork event"
+                    source_id = request.source_session or fork.source_agent
+                    source = sessions.get(source_id)
+                    if source is None:
+                        source = sessions[source_id] = self._entries(conn, source_id)
+                    added = fork_opening(source, fork, request.now)
+                else:
+                    added = spawn_opening(request.spawn, request.now)
+                opened.append(existing + added)
+                existing.extend(added)
+                added_rows.extend((request.session_id, entry) for entry in added)
+            self._append_rows(conn, added_rows)
+        return opened
 
     def close(self) -> None:
         """Release the connection pool."""
         self.engine.dispose()
+
+
+class SessionOpener:
+    """Opens sessions off the event loop, in groups: the opens asked for while a group is
+    being written go together in the next transaction. When many agents start at once, one
+    transaction (and one sync of the file) serves many of them, not one each."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._waiting: list[tuple[SessionOpen, asyncio.Future[list[SessionEntry]]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def open(self, request: SessionOpen) -> list[SessionEntry]:
+        """The session's entries once it is open (see `SessionStore.open`)."""
+        future: asyncio.Future[list[SessionEntry]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="session-opener")
+        return await future
+
+    async def _write(self) -> None:
+        group: list[tuple[SessionOpen, asyncio.Future[list[SessionEntry]]]] = []
+        try:
+            while self._waiting:
+                group, self._waiting = self._waiting, []
+                results = await self._open_group([request for request, _ in group])
+                for (_, future), result in zip(group, results, strict=True):
+                    if future.done():  # its caller went away; the session is open anyway
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+                group = []
+        finally:
+            for _, future in [*group, *self._waiting]:
+                if not future.done():
+                    future.cancel()
+
+    async def _open_group(
+        self, requests: list[SessionOpen]
+    ) -> list[list[SessionEntry] | BaseException]:
+        try:
+            return list(await asyncio.to_thread(self.store.open_many, requests))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller that asked
+            if len(requests) == 1:
+                return [exc]
+        # One bad open must not fail the others with it: each alone, in order.
+        results: list[list[SessionEntry] | BaseException] = []
+        for request in requests:
+            try:
+                results.append((await asyncio.to_thread(self.store.open_many, [request]))[0])
+            except Exception as exc:  # noqa: BLE001 - handed to the caller that asked
+                results.append(exc)
+        return results
 
 
 class StoredSession:
