@@ -34,6 +34,9 @@ class Model(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         serialize_by_alias=True,
+        # Keys repeat from event to event, most values (ids, times) never: caching only the
+        # keys saves the string cache's work on every value.
+        cache_strings="keys",
     )
 
 
