@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from nats.js import api as js_api
+from prometheus_client import REGISTRY
 
 from grove_core.log import (
     Append,
@@ -20,6 +23,9 @@ from grove_core.log import (
     Recorded,
     decode_record,
 )
+from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.tree import TreeState
+from grove_core.tree import evolve as evolve_tree
 from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
 
 pytestmark = pytest.mark.integration
@@ -278,3 +284,28 @@ async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_o
         await asyncio.wait_for(running, 10)
         await consumer.close()
     assert handed == expected
+
+
+async def test_a_projection_counts_the_events_it_folded_by_its_write(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    agent = f"counted-{new_id()}"
+    await event_log.append(spawn_event(agent))
+    for status_type in ("admitted", "started", "completed"):
+        await event_log.append(status_event(agent, status_type))
+    name = f"counted-{new_id()}"
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner: ProjectionRunner[TreeState] = ProjectionRunner(
+        name=name, log=event_log, store=store, state_type=TreeState, evolve=evolve_tree
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 10)  # caught up: written
+        folded = REGISTRY.get_sample_value("grove_events_applied_total", {"projection": name})
+        assert runner.applied_seq == await event_log.last_seq()
+        assert folded == len(await stored(event_log))  # every valid event, none twice
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        store.close()
