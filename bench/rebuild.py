@@ -14,6 +14,7 @@ from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as artifacts_evolve
 from grove_core.log import EventLog, decode_record, is_deadletter
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_governor.domain import FOLDED_KINDS as GOVERNOR_KINDS
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as governor_evolve
 from grove_router.domain import RouterState
@@ -24,7 +25,7 @@ from grove_spawner.domain import evolve as spawner_evolve
 
 #: service -> (projection state, fold, kinds read), as each service's runner is set up.
 PROJECTIONS: dict[str, tuple[type[Any], Any, frozenset[str] | None]] = {
-    "governor": (GovernorState, governor_evolve, None),
+    "governor": (GovernorState, governor_evolve, GOVERNOR_KINDS),
     "spawner": (SpawnerState, spawner_evolve, spawner_service.PROJECTION_KINDS),
     "router": (RouterState, router_evolve, None),
     "artifacts": (ArtifactIndex, artifacts_evolve, artifacts_service.PROJECTION_KINDS),

@@ -355,6 +355,10 @@ def _epoch(recorded: Recorded) -> float:
     return stamp.timestamp() if stamp is not None else 0.0
 
 
+#: The event kinds `evolve` reads (messages and artifacts change nothing it decides on).
+FOLDED_KINDS = frozenset({"spawn", "fork", "status", "terminate", "control", "hitl"})
+
+
 def evolve(state: GovernorState, recorded: Recorded) -> GovernorState:
     """Fold one event into the governor's state."""
     event = recorded.event

@@ -32,6 +32,7 @@ from grove_events import (
 )
 from grove_governor.domain import (
     DEFAULT_GRACE_S,
+    FOLDED_KINDS,
     Admit,
     AgentSlot,
     Cancel,
@@ -105,6 +106,7 @@ class Governor:
             evolve=evolve,
             after_event=self._after_event,
             on_caught_up=self.act,
+            kinds=FOLDED_KINDS,
         )
 
     @property
