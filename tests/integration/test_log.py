@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from grove_core.log import (
     Delivery,
     DurableConsumer,
     EventLog,
+    RawRecord,
     Recorded,
     decode_record,
 )
@@ -223,8 +225,9 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     # leader answers lookups (a spawner must find the spawn of an agent it was told to start).
     agent = new_id()
     await event_log.append(spawn_event(agent))
+    first = await event_log.append(status_event(agent, "admitted"))
+    await event_log.append(status_event(agent, "started"))
     assert await event_log._direct()
-    direct = await event_log.get_last(subject_for("spawn", agent))
 
     info = await event_log.js.stream_info(event_log.stream)
     three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
@@ -235,14 +238,25 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
     replicated = EventLog(event_log.nc, event_log.js)
     assert not await replicated._direct()
-    from_leader = await replicated.get_last(subject_for("spawn", agent))
-    assert direct is not None
-    assert from_leader is not None
-    assert (from_leader.seq, from_leader.data, from_leader.timestamp) == (
-        direct.seq,
-        direct.data,
-        direct.timestamp,
-    )
+
+    def lookups(log: EventLog) -> list[Awaitable[RawRecord | None]]:
+        status = subject_for("status", agent)
+        return [
+            log.get_last(subject_for("spawn", agent)),
+            log.get_last(status),
+            log.get_next(status, 1),
+            log.get_next(status, first.seq + 1),
+            log.get_last(subject_for("terminate", agent)),  # none
+            log.get_next(status, first.seq + 10),  # none after
+        ]
+
+    direct = await asyncio.gather(*lookups(event_log))
+    from_leader = await asyncio.gather(*lookups(replicated))
+    assert [r is None for r in direct] == [False, False, False, False, True, True]
+    assert [(r.seq, r.subject, r.data, r.timestamp) for r in direct if r is not None] == [
+        (r.seq, r.subject, r.data, r.timestamp) for r in from_leader if r is not None
+    ]
+    assert [r is None for r in from_leader] == [r is None for r in direct]
 
 
 async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 #: How long a consumer keeps asking while JetStream says it is unavailable (leader elections).
 UNAVAILABLE_RETRY_S = 30.0
+#: The JetStream API's subject prefix (no domain).
+JS_API = "$JS.API"
+#: Seconds a lookup (a direct get) waits for its answer, as the other JetStream requests.
+LOOKUP_TIMEOUT_S = 10.0
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -447,8 +451,10 @@ class EventLog:
 
     async def get_last(self, subject: str) -> RawRecord | None:
         """The newest message on a subject (wildcards allowed), or None."""
+        if await self._direct():
+            return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}.{subject}", b"")
         try:
-            raw = await self.js.get_last_msg(self.stream, subject, direct=await self._direct())
+            raw = await self.js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError:
             return None
         return RawRecord(
@@ -461,13 +467,12 @@ class EventLog:
 
     async def get_next(self, subject: str, from_seq: int) -> RawRecord | None:
         """The first message on a subject (wildcards allowed) at or after `from_seq`, or None."""
+        if await self._direct():
+            request = json.dumps({"seq": max(from_seq, 1), "next_by_subj": subject}).encode()
+            return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}", request)
         try:
             raw = await self.js.get_msg(
-                self.stream,
-                seq=max(from_seq, 1),
-                subject=subject,
-                direct=await self._direct(),
-                next=True,
+                self.stream, seq=max(from_seq, 1), subject=subject, next=True
             )
         except nats.js.errors.NotFoundError:
             return None
@@ -477,6 +482,25 @@ class EventLog:
             data=raw.data or b"",
             timestamp=_stream_time(raw.time or datetime.now(UTC)),
             headers=dict(raw.headers or {}),
+        )
+
+    async def _direct_get(self, subject: str, request: bytes) -> RawRecord | None:
+        """A direct get (NATS ADR-31), read straight from the reply's headers: nats-py's
+        `get_msg` (stream-name checks, JSON, its time parsing) costs twice the request itself,
+        and the spawner makes several lookups for every agent it starts."""
+        reply = await self.nc.request(subject, request, timeout=LOOKUP_TIMEOUT_S)
+        headers = reply.headers or {}
+        status = headers.get("Status")
+        if status and not reply.data:
+            if status == "404":
+                return None
+            nats.js.errors.APIError.from_msg(reply)  # raises: what the server answered
+        return RawRecord(
+            seq=int(headers["Nats-Sequence"]),
+            subject=headers["Nats-Subject"],
+            data=reply.data,
+            timestamp=_stream_time(datetime.fromisoformat(headers["Nats-Time-Stamp"])),
+            headers=headers,
         )
 
     async def _last_matching(self, filters: list[str]) -> int:
