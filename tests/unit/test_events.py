@@ -138,6 +138,11 @@ def test_decode_rejects_mismatches_with_reasons() -> None:
         decode("grove.spawn.a-1", b"{nope")
     with pytest.raises(InvalidEvent, match="task"):
         decode("grove.spawn.a-1", json.dumps({**MINIMAL_SPAWN, "task": ""}).encode())
+    config = MINIMAL_SPAWN["config"]
+    for number in ("Infinity", "NaN"):  # not JSON, though Python's json writes them
+        endless = {**MINIMAL_SPAWN, "config": {**config, "timeout": float(number.lower())}}
+        with pytest.raises(InvalidEvent, match=r"config\.timeout: Input should be a finite"):
+            decode("grove.spawn.a-1", json.dumps(endless).encode())
 
 
 def test_encode_decode_round_trip() -> None:

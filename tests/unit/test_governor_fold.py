@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from grove_core.permissions import effective_permissions, holds, spawn_refusal
@@ -321,6 +322,21 @@ def test_rows_round_trip_keeps_order_and_counts() -> None:
     assert list(again.undecided) == ["a", "c"]
     assert again.paused
     assert again.trees["root"].agents == 2
+    assert decide(again, CAP2, NOW, {}) == decide(state, CAP2, NOW, {})
+
+
+def test_stored_rows_read_back_as_the_state_even_after_a_forged_infinite_rate() -> None:
+    # An admission's rates are details (any JSON): one that says Infinity must not put a
+    # number into a row that JSON cannot hold (orjson would write null, and the reload fail).
+    log = Log()
+    log.spawn("root")
+    log.spawn("kid", parent="root")
+    admit(log, "root", global_rate=float("inf"))
+    admit(log, "kid", at=1.0, global_rate=2.0, parent_rate=float("inf"))
+    state = fold(log)
+    stored = {k: orjson.loads(v) for k, v in state.take_dirty_json().items() if v is not None}
+    again = GovernorState.from_rows(stored)
+    assert again == state
     assert decide(again, CAP2, NOW, {}) == decide(state, CAP2, NOW, {})
 
 

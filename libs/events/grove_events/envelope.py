@@ -34,6 +34,9 @@ class Model(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         serialize_by_alias=True,
+        # JSON has no Infinity or NaN; a number that is one is refused, not stored (a state
+        # row holding one could not be written back as JSON).
+        allow_inf_nan=False,
         # Keys repeat from event to event, most values (ids, times) never: caching only the
         # keys saves the string cache's work on every value.
         cache_strings="keys",

@@ -17,6 +17,7 @@ that the router folds alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
@@ -551,7 +552,9 @@ def _bucket_rate(event: StatusEvent, which: str) -> float:
     # The rate in force when the admission was made is recorded on the admission itself, so
     # that the bucket replays the same whatever the config says later.
     value = event.payload.details.get(f"{which}_rate")
-    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return 0.0
+    return float(value)
 
 
 def _on_terminate(state: GovernorState, event: TerminateEvent, recorded: Recorded) -> None:
