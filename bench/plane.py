@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -213,11 +214,31 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time a process has used, in seconds (Linux /proc), None when
+    unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stack_pids(stack: Stack, nats_pid: int | None) -> dict[str, int]:
+    """The nats-server's and each service's process id, by name."""
+    pids = {"nats-server": nats_pid} if nats_pid is not None else {}
+    for name, service in stack.services.items():
+        if service.process is not None:
+            pids[name] = service.process.pid
+    return pids
+
+
+def stack_cpu(pids: dict[str, int]) -> dict[str, float | None]:
+    """CPU seconds used so far by each process of the stack."""
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
 def stack_rss(stack: Stack, nats_pid: int | None) -> dict[str, int | None]:
     """RSS (KiB) of the nats-server and of each service process."""
-    out: dict[str, int | None] = {}
-    if nats_pid is not None:
-        out["nats-server"] = rss_kib(nats_pid)
-    for name, service in stack.services.items():
-        out[name] = rss_kib(service.process.pid) if service.process else None
-    return out
+    return {name: rss_kib(pid) for name, pid in stack_pids(stack, nats_pid).items()}

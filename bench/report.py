@@ -166,6 +166,14 @@ def render(results: dict[str, Any]) -> str:
         parts.append(
             f"\nstack RSS after the burst [{mode}]: {listed}; total {total / 1024:.1f} MiB"
         )
+        cpu = run["burst"].get("cpu_ms_per_agent", {})
+        known = [v for v in cpu.values() if v is not None]
+        if known:
+            spent = ", ".join(f"{k} {_num(v)}" for k, v in cpu.items())
+            parts.append(
+                f"CPU per agent in the burst [{mode}], ms: {spent}; total {sum(known):.2f} "
+                "(the benchmark's own client not counted)"
+            )
     fan = results["runs"].get("default", {}).get("fan_out", [])
     memory = results.get("memory")
     if fan:

@@ -95,6 +95,18 @@ def server_sync(server: LocalNatsServer) -> dict[str, Any]:
     }
 
 
+def cpu_per_agent(
+    before: dict[str, float | None], after: dict[str, float | None], agents: int
+) -> dict[str, float | None]:
+    """Milliseconds of CPU each process spent per agent of a burst."""
+    out: dict[str, float | None] = {}
+    for name, start in before.items():
+        end = after.get(name)
+        used = None if start is None or end is None or not agents else end - start
+        out[name] = None if used is None else round(used * 1000 / agents, 3)
+    return out
+
+
 def note(message: str) -> None:
     """Progress on stderr."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -131,7 +143,12 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
                     log, watch, counts.spawn_samples
                 )
                 note(f"{mode}: burst of {counts.burst_agents} agents")
+                pids = plane.stack_pids(stack, server.process.pid if server.process else None)
+                cpu_before = plane.stack_cpu(pids)
                 out["burst"] = await plane.burst(log, watch, counts.burst_agents, counts.timeout_s)
+                out["burst"]["cpu_ms_per_agent"] = cpu_per_agent(
+                    cpu_before, plane.stack_cpu(pids), out["burst"]["ended"]
+                )
                 if mode == "default":
                     out["fan_out"] = []
                     for children in counts.fan_out:

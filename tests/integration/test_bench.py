@@ -51,6 +51,9 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         # every agent leaves at least spawn, admitted, started and terminate in the log
         assert burst["log_events"] >= 4 * counts["burst_agents"]
         assert set(run["rss_kib"]) >= {"nats-server", "governor", "router", "artifacts"}
+        cpu = burst["cpu_ms_per_agent"]
+        assert set(cpu) == set(run["rss_kib"])
+        assert all(ms is not None and ms >= 0 for ms in cpu.values()), cpu
     assert [row["children"] for row in runs["default"]["fan_out"]] == counts["fan_out"]
     assert all(row["complete"] for row in runs["default"]["fan_out"])
 
