@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -590,6 +591,7 @@ def summarize(
         "events": len(facts.records),
         "seconds": round(seconds, 1),
         "ends": dict(ends),
+        "failure_causes": failure_causes(facts.records),
         "kills": dict(disruptions.kills),
         "nats_restarts": disruptions.nats_restarts,
         "cluster": plan.cluster,
@@ -619,6 +621,20 @@ def summarize(
     }
 
 
+#: What varies between two failures of the same cause: ids, spawner names, numbers.
+_VARYING = re.compile(r"[0-9a-f]{8}-[0-9a-f-]{27,}|spawner-\d+|\d+")
+
+
+def failure_causes(records: list[Recorded], top: int = 5) -> dict[str, int]:
+    """The commonest errors of the agents that ended failed, ids and numbers masked."""
+    causes = Counter(
+        _VARYING.sub("#", (r.event.error or "no error given"))[:100]
+        for r in records
+        if isinstance(r.event, TerminateEvent) and r.event.reason == "failed"
+    )
+    return dict(causes.most_common(top))
+
+
 def describe(recorded: Recorded) -> str:
     """One event of an agent's history, in a few words."""
     event = recorded.event
@@ -632,6 +648,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"chaos: {summary['agents']} agents, {summary['events']} events, "
           f"{summary['seconds']}s", flush=True)  # fmt: skip
     print(f"  ends: {summary['ends']}")
+    for cause, count in summary["failure_causes"].items():
+        print(f"    failed {count}: {cause}")
     print(f"  kills: {summary['kills']}, nats-server restarts: {summary['nats_restarts']}, "
           f"stops: {summary['stops']}, forks: {summary['forks']}, "
           f"append retries: {summary['append_retries']}")  # fmt: skip

@@ -40,3 +40,6 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     assert summary["answers_given"] >= 10
     assert summary["messages"] >= 10
     assert summary["artifacts"] >= 10
+    # Every failure is put down to a cause in the summary.
+    assert sum(summary["failure_causes"].values()) <= summary["ends"].get("failed", 0)
+    assert bool(summary["failure_causes"]) == bool(summary["ends"].get("failed", 0))
