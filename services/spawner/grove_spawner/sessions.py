@@ -201,22 +201,9 @@ class SessionStore:
             else:
                 return
 
-    @staticmethod
-    def _entries(conn: Connection, session_id: str) -> list[SessionEntry]:
-        rows = conn.execute(
-            select(
-                entries_table.c.kind,
-                entries_table.c.content,
-                entries_table.c.time,
-                entries_table.c.agent_id,
-            )
-            .where(entries_table.c.session_id == session_id)
-            .order_by(entries_table.c.id)
-        ).all()
-        return [
-            SessionEntry(check_entry_kind(kind), content, _as_utc(time), agent_id)
-            for kind, content, time, agent_id in rows
-        ]
+    @classmethod
+    def _entries(cls, conn: Connection, session_id: str) -> list[SessionEntry]:
+        return cls._entries_of(conn, {session_id}).get(session_id, [])
 
     @staticmethod
     def _entries_of(conn: Connection, session_ids: set[str]) -> dict[str, list[SessionEntry]]:
