@@ -15,7 +15,8 @@ from typing import Any
 
 from nats.js import api as js_api
 
-from grove_core.log import EventLog, RawRecord
+from grove_core.log import EventLog
+from grove_core.records import RawRecord
 from grove_events import (
     AgentConfig,
     Event,

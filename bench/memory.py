@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.loggen import Lifecycles
-from grove_core.log import RawRecord, decode_record
+from grove_core.records import RawRecord, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as tree_evolve
 from grove_events import ResourceLimits

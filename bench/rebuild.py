@@ -12,8 +12,9 @@ from bench.stats import rate
 from grove_artifacts import service as artifacts_service
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as artifacts_evolve
-from grove_core.log import EventLog, decode_record, is_deadletter
+from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import decode_record, is_deadletter
 from grove_governor.domain import FOLDED_KINDS as GOVERNOR_KINDS
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as governor_evolve

@@ -46,9 +46,10 @@ from chaos.agents import role_of
 from grove_artifacts.blobs import BlobStore
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
-from grove_core.log import EventLog, LogError, Recorded
+from grove_core.log import EventLog, LogError
 from grove_core.natsserver import LocalNatsCluster, LocalNatsServer
 from grove_core.projection import FoldState, ProjectionStore
+from grove_core.records import Recorded
 from grove_events import (
     AgentConfig,
     ControlEvent,

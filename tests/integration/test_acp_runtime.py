@@ -16,7 +16,7 @@ import pytest
 from acp.schema import PermissionOption
 
 from agentgrove import GroveClient, build_config
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import AgentConfig, StatusEvent, TerminateEvent
 from grove_spawner.acp_runtime import choose_option
 from tests.conftest import StackFactory

@@ -25,8 +25,9 @@ from agentgrove.stack import Stack
 from grove_artifacts.blobs import BlobStore
 from grove_artifacts.service import UPLOAD_IDLE_S, ArtifactStore
 from grove_core.config import ArtifactLimits
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
+from grove_core.records import Recorded
 from grove_events import ArtifactEvent, ForkEvent, SpawnEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 

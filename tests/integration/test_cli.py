@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.natsserver import free_port
+from grove_core.records import Recorded
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentgrove import GroveClient, build_config
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import StatusEvent
 from tests.conftest import NatsEndpoint, StackFactory
 

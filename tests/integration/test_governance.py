@@ -11,7 +11,8 @@ import pytest
 
 from agentgrove import GroveClient, build_config
 from agentgrove.results import AgentResult
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from grove_events import ControlEvent, ForkEvent, StatusEvent, TerminateEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 

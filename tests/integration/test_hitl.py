@@ -18,7 +18,7 @@ import pytest
 
 from agentgrove import GroveClient, build_config
 from agentgrove.routing import AlreadyAnswered, UnknownRequest
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import HitlEvent, StatusEvent, TerminateEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 from tests.integration.test_recovery import wait_metric

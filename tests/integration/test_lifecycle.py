@@ -20,7 +20,8 @@ import pytest
 
 from agentgrove.client import GroveClient, build_config
 from agentgrove.stack import Stack
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from grove_events import AgentConfig, SpawnEvent, StatusEvent, TerminateEvent, new_id
 
 pytestmark = pytest.mark.integration

@@ -21,11 +21,9 @@ from grove_core.log import (
     Delivery,
     DurableConsumer,
     EventLog,
-    RawRecord,
-    Recorded,
-    decode_record,
 )
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from agentgrove import GroveClient, build_config
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from grove_events import MessageEvent
 from grove_router.service import NAME
 from tests.conftest import NatsEndpoint, StackFactory

@@ -16,7 +16,7 @@ import pytest
 from agentgrove import GroveClient, SubAgentDefinition, build_config
 from agentgrove.context import SessionEntry, check_entry_kind
 from grove_core.config import GroveConfig
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import StatusEvent
 from grove_spawner.openai_runtime import EndpointError, conversation, resolve_endpoint
 from tests.conftest import StackFactory

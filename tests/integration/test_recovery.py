@@ -22,8 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentgrove.client import GroveClient, build_config
 from agentgrove.stack import Stack
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
+from grove_core.records import Recorded
 from grove_events import AgentConfig, SpawnEvent, StatusEvent, TerminateEvent, new_id
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,8 @@ import pytest
 
 from agentgrove import SyncGroveClient
 from agentgrove.client import GroveClient
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from tests.conftest import NatsEndpoint, StackFactory
 from tests.integration.test_recovery import python_agent
 

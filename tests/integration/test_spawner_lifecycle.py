@@ -21,7 +21,8 @@ import pytest
 
 from agentgrove.client import GroveClient, UnknownAgent, build_config
 from agentgrove.stack import Stack
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from grove_events import (
     AgentConfig,
     ControlEvent,

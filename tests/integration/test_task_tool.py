@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from agentgrove import GroveClient, build_config
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
+from grove_core.records import Recorded
 from grove_events import StatusEvent, TerminateEvent
 from tests.conftest import NatsEndpoint, StackFactory
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import (
     AgentConfig,
     ArtifactEvent,

@@ -8,7 +8,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import Base
 
-from grove_core.log import _stream_time, delivery_position
+from grove_core.records import delivery_position, stream_time
 
 # A stream time whose nanoseconds a float rounds up into the next millisecond.
 NANOSECONDS = 1_612_798_959_299_999_769
@@ -22,12 +22,17 @@ NANOSECONDS = 1_612_798_959_299_999_769
         f"$JS.ACK.hub.ACCHASH.GROVE.replay.2.4711.12.{NANOSECONDS}.93",
     ],
 )
-def test_both_reply_forms_give_the_sequence_pending_and_time(reply: str) -> None:
+def test_both_reply_forms_give_the_sequences_pending_and_time(reply: str) -> None:
     meta = Msg(_client=None, subject="grove.spawn.a", reply=reply).metadata  # type: ignore[arg-type]
     position = delivery_position(reply)
     assert position is not None
-    seq, pending, timestamp = position
-    assert (seq, pending) == (meta.sequence.stream, meta.num_pending) == (4711, 93)
+    seq, consumer_seq, pending, timestamp = position
+    assert (seq, consumer_seq, pending) == (
+        meta.sequence.stream,
+        meta.sequence.consumer,
+        meta.num_pending,
+    )
+    assert (seq, consumer_seq, pending) == (4711, 12, 93)
     assert timestamp == datetime(2021, 2, 8, 15, 42, 39, 299000, tzinfo=UTC)
 
 
@@ -37,7 +42,7 @@ def test_the_time_is_the_one_a_direct_get_of_the_same_message_reads() -> None:
     header = "2021-02-08T15:42:39.299999769Z"
     position = delivery_position(f"$JS.ACK.GROVE.replay.1.1.1.{NANOSECONDS}.0")
     assert position is not None
-    assert position[2] == _stream_time(Base._parse_utc_iso(header))
+    assert position[3] == stream_time(Base._parse_utc_iso(header))
 
 
 @pytest.mark.parametrize(

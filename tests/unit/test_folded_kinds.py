@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from grove_artifacts import domain as artifacts
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import HitlEvent, MessageEvent, new_id
 from grove_governor import domain as governor
 from grove_spawner import domain as spawner

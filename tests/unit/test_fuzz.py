@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import KINDS, InvalidEvent, decode, encode, subject_for, to_dict

@@ -8,8 +8,9 @@ from typing import Any, Self, cast
 
 import pytest
 
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.projection import KeyedState, ProjectionRunner, ProjectionStore
+from grove_core.records import Recorded
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import AgentConfig, HitlEvent, MessageEvent, SpawnEvent, new_id
 from grove_router.domain import INJECTED_PRIORITY, RouterState, effective_permissions, evolve
 from tests.unit.helpers import T0, Log

@@ -6,7 +6,8 @@ from __future__ import annotations
 import nats.errors
 import pytest
 
-from grove_core.log import LogError, RawRecord
+from grove_core.log import LogError
+from grove_core.records import RawRecord
 from grove_spawner import service
 from grove_spawner.service import Spawner
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentgrove.context import SessionEntry
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_core.settings import ServiceSettings
 from grove_events import AgentConfig, ForkEvent, SpawnEvent, StatusEvent, StatusPayload, new_id
 from grove_spawner.domain import PeerWatch, SpawnerState, evolve, fork_spawn, start_allowed

@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,13 +27,20 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from grove_core.records import (
+    RawRecord,
+    Recorded,
+    decode_record,
+    is_deadletter,
+    record_of,
+    stream_time,
+)
 from grove_events import (
     GROVE_STREAM,
     Event,
     InvalidEvent,
     StreamDefinition,
     deadletter_subject,
-    decode,
     encode,
     subject_for,
 )
@@ -100,94 +107,6 @@ class Append:
     event: Event
     expect_last_seq: int | None = None
     expect_subject: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """A message as stored on the stream, not yet decoded."""
-
-    seq: int
-    subject: str
-    data: bytes
-    timestamp: datetime
-    headers: dict[str, str] | None = None
-    #: For a consumer's delivery: how many messages matching it were still behind this one.
-    pending: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """A decoded event with its place in the log."""
-
-    seq: int
-    subject: str
-    event: Event
-
-
-def _stream_time(value: datetime) -> datetime:
-    # Two read paths (push metadata, direct get) parse the server time differently; whole
-    # milliseconds make every replay decode to the same timestamp.
-    value = value.astimezone(UTC)
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def delivery_position(reply: str) -> tuple[int, int, datetime] | None:
-    """(stream sequence, messages pending, stream time to the millisecond) of a consumer's
-    delivery, read from its reply subject; None when the subject has another form.
-
-    The forms (NATS ADR-15): `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
-    <consumer seq>.<time ns>.<pending>`, and the same after `<domain>.<account hash>` (with a
-    random last token or not). `Msg.metadata` reads the same fields but builds objects that
-    cost more than the rest of a replay's step; this runs for every message of every replay.
-    """
-    tokens = reply.split(".")
-    count = len(tokens)
-    if count == 9:
-        first = 2
-    elif count in (11, 12):
-        first = 4
-    else:
-        return None
-    if tokens[0] != "$JS" or tokens[1] != "ACK":
-        return None
-    try:
-        seq = int(tokens[first + 3])
-        nanoseconds = int(tokens[first + 5])
-        pending = int(tokens[first + 6])
-    except ValueError:
-        return None
-    return seq, pending, _EPOCH + timedelta(milliseconds=nanoseconds // 1_000_000)
-
-
-def _record(msg: Msg) -> RawRecord:
-    """A consumer's delivery as a stored record."""
-    position = delivery_position(msg.reply)
-    if position is None:
-        meta = msg.metadata  # raises when the message is not a JetStream delivery
-        position = (meta.sequence.stream, meta.num_pending, _stream_time(meta.timestamp))
-    seq, pending, timestamp = position
-    return RawRecord(
-        seq=seq,
-        subject=msg.subject,
-        data=msg.data,
-        timestamp=timestamp,
-        headers=msg.headers,
-        pending=pending,
-    )
-
-
-def decode_record(record: RawRecord) -> Recorded:
-    """Decode a stored message (raises InvalidEvent)."""
-    event = decode(record.subject, record.data, record.timestamp)
-    return Recorded(record.seq, record.subject, event)
-
-
-def is_deadletter(subject: str) -> bool:
-    """Dead-letter records share the stream but are not events."""
-    return subject.startswith("grove.deadletter.")
 
 
 def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamConfig:
@@ -461,7 +380,7 @@ class EventLog:
             seq=int(raw.seq or 0),
             subject=str(raw.subject),
             data=raw.data or b"",
-            timestamp=_stream_time(raw.time or datetime.now(UTC)),
+            timestamp=stream_time(raw.time or datetime.now(UTC)),
             headers=dict(raw.headers or {}),
         )
 
@@ -480,7 +399,7 @@ class EventLog:
             seq=int(raw.seq or 0),
             subject=str(raw.subject),
             data=raw.data or b"",
-            timestamp=_stream_time(raw.time or datetime.now(UTC)),
+            timestamp=stream_time(raw.time or datetime.now(UTC)),
             headers=dict(raw.headers or {}),
         )
 
@@ -499,7 +418,7 @@ class EventLog:
             seq=int(headers["Nats-Sequence"]),
             subject=headers["Nats-Subject"],
             data=reply.data,
-            timestamp=_stream_time(datetime.fromisoformat(headers["Nats-Time-Stamp"])),
+            timestamp=stream_time(datetime.fromisoformat(headers["Nats-Time-Stamp"])),
             headers=headers,
         )
 
@@ -565,7 +484,7 @@ class EventLog:
                         continue
                 else:
                     msg = await queue.get()
-                record = _record(msg)
+                record = record_of(msg)
                 yield record
                 if until_seq is not None and record.seq >= until_seq:
                     return
@@ -738,7 +657,7 @@ class DurableConsumer:
                     await asyncio.sleep(0.5)  # reconnecting, or a stream leader being elected
                     continue
                 for msg in msgs:
-                    delivery = Delivery(_record(msg), msg, int(msg.metadata.num_delivered))
+                    delivery = Delivery(record_of(msg), msg, int(msg.metadata.num_delivered))
                     wanted = min(self.batch, max(1, delivery.record.pending))
                     if concurrency <= 1:
                         await _handle_one(handle, delivery)

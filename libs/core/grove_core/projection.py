@@ -38,7 +38,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
 from grove_core import metrics
-from grove_core.log import EventLog, Recorded, decode_record, is_deadletter
+from grove_core.log import EventLog
+from grove_core.records import Recorded, decode_record, is_deadletter
 from grove_events import InvalidEvent
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from agentgrove.artifacts import Artifacts
 from agentgrove.results import AgentResult
 from agentgrove.routing import Routing
 from grove_core.auth import inbox_prefix
-from grove_core.log import EventLog, LogError, Recorded
+from grove_core.log import EventLog, LogError
+from grove_core.records import Recorded
 from grove_core.settings import DEFAULT_NATS_URL
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree

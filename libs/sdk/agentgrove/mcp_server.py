@@ -20,7 +20,8 @@ from pydantic import Field
 
 from agentgrove.client import UnknownAgent
 from agentgrove.context import TOOL_ERRORS, AgentContext, ControlTool, control_tools
-from grove_core.log import EventLog, RawRecord, decode_record
+from grove_core.log import EventLog
+from grove_core.records import RawRecord, decode_record
 from grove_events import ForkEvent, InvalidEvent, SpawnEvent, StatusEvent, subject_for
 
 #: How deep a chain of forks of forks is followed back to its spawn.

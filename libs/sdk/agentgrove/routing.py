@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 import nats.errors
 import nats.js.errors
 
-from grove_core.log import EventLog, LogError, RawRecord, decode_record
+from grove_core.log import EventLog, LogError
+from grove_core.records import RawRecord, decode_record
 from grove_events import (
     ControlEvent,
     Event,

@@ -58,8 +58,9 @@ from prometheus_client import Gauge
 from grove_artifacts.blobs import CHUNK_BYTES, SHA256, BlobError, BlobStore
 from grove_artifacts.domain import FOLDED_KINDS, ArtifactEntry, ArtifactIndex, evolve
 from grove_core.config import ArtifactLimits, load_config
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import Recorded
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings

@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
-from grove_core.log import Recorded
 from grove_core.permissions import (
     AskedRequest,
     effective_permissions,
@@ -29,6 +28,7 @@ from grove_core.permissions import (
     spawn_refusal,
 )
 from grove_core.projection import KeyedState
+from grove_core.records import Recorded
 from grove_events import (
     ControlEvent,
     ForkEvent,

@@ -15,8 +15,9 @@ from pydantic import Field
 
 from grove_core import metrics
 from grove_core.config import load_config
-from grove_core.log import Append, ConcurrencyConflict, EventLog, LogError, Recorded
+from grove_core.log import Append, ConcurrencyConflict, EventLog, LogError
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import Recorded
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings

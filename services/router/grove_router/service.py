@@ -22,8 +22,9 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from grove_core.config import load_config
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import Recorded
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings

@@ -34,17 +34,9 @@ from agentgrove.artifacts import ArtifactError, store_result
 from agentgrove.context import AgentContext, StartKind
 from grove_core import metrics
 from grove_core.auth import without_user
-from grove_core.log import (
-    ConcurrencyConflict,
-    Delivery,
-    DurableConsumer,
-    EventLog,
-    LogError,
-    RawRecord,
-    Recorded,
-    decode_record,
-)
+from grove_core.log import ConcurrencyConflict, Delivery, DurableConsumer, EventLog, LogError
 from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings

@@ -21,7 +21,8 @@ import nats.errors
 import nats.js.errors
 
 from agentgrove.client import GroveClient, UnknownAgent, discover_url
-from grove_core.log import EventLog, LogError, RawRecord, Recorded, decode_record, is_deadletter
+from grove_core.log import EventLog, LogError
+from grove_core.records import RawRecord, Recorded, decode_record, is_deadletter
 from grove_core.tree import AgentNode, TreeState, evolve
 from grove_events import (
     ArtifactEvent,

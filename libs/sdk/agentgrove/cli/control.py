@@ -19,7 +19,7 @@ from agentgrove.cli.common import (
     run_async,
 )
 from agentgrove.client import build_config
-from grove_core.log import Recorded
+from grove_core.records import Recorded
 from grove_events import AgentConfig, TerminateEvent, agent_wildcard
 
 

@@ -44,8 +44,9 @@ from agentgrove.cli.common import (
 )
 from agentgrove.client import UnknownAgent
 from agentgrove.routing import RouterError
-from grove_core.log import EventLog, Recorded
+from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
+from grove_core.records import Recorded
 from grove_core.tree import AgentNode, TreeState, evolve
 from grove_events import STREAM_NAME
 

@@ -54,8 +54,9 @@ from agentgrove.client import UnknownAgent, build_config
 from agentgrove.demo import LLM_ROOT_TASK, ROOT_ENTRYPOINT, documentation_folder, root_task
 from agentgrove.stack import Stack, StackError
 from grove_core.auth import redact
-from grove_core.log import EventLog, LogError, Recorded
+from grove_core.log import EventLog, LogError
 from grove_core.natsserver import NatsServerError, free_port
+from grove_core.records import Recorded
 from grove_core.tree import AgentNode, TreeState, evolve
 from grove_events import (
     AgentConfig,

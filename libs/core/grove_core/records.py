@@ -1,0 +1,110 @@
+"""Messages of the GROVE stream as records: their place in the log, read from a delivery.
+
+No I/O here: the log (`grove_core.log`) and the replay reader (`grove_core.replay`) build these
+from what nats-py hands them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from nats.aio.msg import Msg
+
+from grove_events import Event, decode
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A message as stored on the stream, not yet decoded."""
+
+    seq: int
+    subject: str
+    data: bytes
+    timestamp: datetime
+    headers: dict[str, str] | None = None
+    #: For a consumer's delivery: how many messages matching it were still behind this one.
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A decoded event with its place in the log."""
+
+    seq: int
+    subject: str
+    event: Event
+
+
+def stream_time(value: datetime) -> datetime:
+    """A stream time in UTC, to the millisecond."""
+    # Two read paths (push metadata, direct get) parse the server time differently; whole
+    # milliseconds make every replay decode to the same timestamp.
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
+    """(stream sequence, consumer sequence, messages pending, stream time to the millisecond)
+    of a consumer's delivery, read from its reply subject; None when the subject has another
+    form.
+
+    The forms (NATS ADR-15): `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
+    <consumer seq>.<time ns>.<pending>`, and the same after `<domain>.<account hash>` (with a
+    random last token or not). `Msg.metadata` reads the same fields but builds objects that
+    cost more than the rest of a replay's step; this runs for every message of every replay.
+    """
+    tokens = reply.split(".")
+    count = len(tokens)
+    if count == 9:
+        first = 2
+    elif count in (11, 12):
+        first = 4
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    try:
+        seq = int(tokens[first + 3])
+        consumer_seq = int(tokens[first + 4])
+        nanoseconds = int(tokens[first + 5])
+        pending = int(tokens[first + 6])
+    except ValueError:
+        return None
+    return seq, consumer_seq, pending, _EPOCH + timedelta(milliseconds=nanoseconds // 1_000_000)
+
+
+def record_of(msg: Msg) -> RawRecord:
+    """A consumer's delivery as a stored record."""
+    position = delivery_position(msg.reply)
+    if position is None:
+        meta = msg.metadata  # raises when the message is not a JetStream delivery
+        position = (
+            meta.sequence.stream,
+            meta.sequence.consumer,
+            meta.num_pending,
+            stream_time(meta.timestamp),
+        )
+    seq, _, pending, timestamp = position
+    return RawRecord(
+        seq=seq,
+        subject=msg.subject,
+        data=msg.data,
+        timestamp=timestamp,
+        headers=msg.headers,
+        pending=pending,
+    )
+
+
+def decode_record(record: RawRecord) -> Recorded:
+    """Decode a stored message (raises InvalidEvent)."""
+    event = decode(record.subject, record.data, record.timestamp)
+    return Recorded(record.seq, record.subject, event)
+
+
+def is_deadletter(subject: str) -> bool:
+    """Dead-letter records share the stream but are not events."""
+    return subject.startswith("grove.deadletter.")
