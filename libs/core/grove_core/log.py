@@ -35,6 +35,7 @@ from grove_core.records import (
     record_of,
     stream_time,
 )
+from grove_core.replay import UNAVAILABLE_RETRY_S, OrderedReader
 from grove_events import (
     GROVE_STREAM,
     Event,
@@ -47,8 +48,6 @@ from grove_events import (
 
 log = logging.getLogger(__name__)
 
-#: How long a consumer keeps asking while JetStream says it is unavailable (leader elections).
-UNAVAILABLE_RETRY_S = 30.0
 #: The JetStream API's subject prefix (no domain).
 JS_API = "$JS.API"
 #: Seconds a lookup (a direct get) waits for its answer, as the other JetStream requests.
@@ -442,7 +441,7 @@ class EventLog:
         follow: bool = False,
         idle_timeout: float | None = None,
     ) -> AsyncIterator[RawRecord]:
-        """Replay the stream from `from_seq` with an ordered consumer.
+        """Replay the stream from `from_seq` in order (`grove_core.replay.OrderedReader`).
 
         Without `follow`, stops at the last message present when called (or `until_seq`).
         With `follow`, goes on with new messages forever (until the caller stops iterating),
@@ -453,68 +452,29 @@ class EventLog:
             until_seq = await self._last_matching(filters)
             if until_seq < from_seq:
                 return
-        config = js_api.ConsumerConfig(
-            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(from_seq, 1),
-            filter_subjects=filters if len(filters) > 1 else None,
-        )
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-        async def on_message(msg: Msg) -> None:
-            queue.put_nowait(msg)
-
-        sub = await self._ordered_subscription(filters[0], on_message, config)
+        reader = OrderedReader(self.nc, self.js, self.stream, filters, from_seq)
+        await reader.start()
+        # Without `idle_timeout`, a replay up to `until_seq` still looks up every 10 s of
+        # silence whether the messages it waits for were removed from the stream meanwhile.
+        timeout = idle_timeout if idle_timeout is not None else 10.0 if until_seq else None
         try:
-            drained = 0
+            taken = 0
             while True:
-                if not queue.empty():
-                    msg = queue.get_nowait()  # a backlog needs no timer per message
-                    drained += 1
-                    if drained % 1000 == 0:
-                        await asyncio.sleep(0)  # let the other tasks run during a long replay
-                elif idle_timeout is not None or until_seq is not None:
-                    timeout = idle_timeout if idle_timeout is not None else 10.0
-                    try:
-                        msg = await asyncio.wait_for(queue.get(), timeout)
-                    except TimeoutError:
-                        if until_seq is not None and await self.last_seq() < until_seq:
-                            return  # messages were removed from the stream meanwhile
-                        if idle_timeout is not None:
-                            return
-                        continue
-                else:
-                    msg = await queue.get()
-                record = record_of(msg)
+                record = await reader.next(timeout)
+                if record is None:
+                    if until_seq is not None and await self.last_seq() < until_seq:
+                        return
+                    if idle_timeout is not None:
+                        return
+                    continue
                 yield record
                 if until_seq is not None and record.seq >= until_seq:
                     return
+                taken += 1
+                if taken % 1000 == 0:
+                    await asyncio.sleep(0)  # let the other tasks run during a long replay
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    async def _ordered_subscription(
-        self,
-        subject: str,
-        on_message: Callable[[Msg], Awaitable[None]],
-        config: js_api.ConsumerConfig,
-    ) -> JetStreamContext.PushSubscription:
-        """An ordered consumer, asked for again while JetStream elects the stream's leader."""
-        deadline = asyncio.get_running_loop().time() + UNAVAILABLE_RETRY_S
-        while True:
-            try:
-                return await self.js.subscribe(
-                    subject,
-                    cb=on_message,
-                    stream=self.stream,
-                    ordered_consumer=True,
-                    config=config,
-                    pending_msgs_limit=-1,
-                    pending_bytes_limit=-1,
-                )
-            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+            await reader.close()
 
     async def events(
         self, from_seq: int = 1, **kwargs: Any
