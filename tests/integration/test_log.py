@@ -9,6 +9,7 @@ import json
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.js import api as js_api
@@ -321,3 +322,47 @@ async def test_a_projection_counts_the_events_it_folded_by_its_write(
         with contextlib.suppress(asyncio.CancelledError):
             await running
         store.close()
+
+
+class RefusingFirstWrites(ProjectionStore):
+    """A store that refuses its first writes, as a locked database would."""
+
+    refusals = 2
+
+    def save(self, projection: str, seq: int, changed: Any) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise OSError("database is locked")
+        super().save(projection, seq, changed)
+
+
+async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    agents = [f"refused-{index}-{new_id()}" for index in range(600)]
+    await event_log.append_many(spawn_event(agent) for agent in agents)
+    store = RefusingFirstWrites(f"sqlite:///{tmp_path / 'p.db'}")
+    runner: ProjectionRunner[TreeState] = ProjectionRunner(
+        name="refused",
+        log=event_log,
+        store=store,
+        state_type=TreeState,
+        evolve=evolve_tree,
+        batch_size=100,  # the catch-up writes its own batches, the first one refused
+        flush_interval=0.05,
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 20)
+        for _ in range(3):  # the refusals may outlast the catch-up
+            if await runner.write():
+                break
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    seq, rows = store.load("refused")
+    store.close()
+    assert store.refusals == 0
+    assert seq == await event_log.last_seq()
+    assert set(TreeState.from_rows(rows).agents) == set(agents)
