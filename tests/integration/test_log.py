@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 from collections.abc import Awaitable
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from grove_core.log import (
     DurableConsumer,
     EventLog,
 )
-from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.projection import CATCH_UP_GC_THRESHOLD, ProjectionRunner, ProjectionStore
 from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
@@ -366,3 +367,45 @@ async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
     assert store.refusals == 0
     assert seq == await event_log.last_seq()
     assert set(TreeState.from_rows(rows).agents) == set(agents)
+
+
+async def test_the_collector_runs_less_often_only_while_a_projection_catches_up(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    await event_log.append_many(spawn_event(f"gc-{index}-{new_id()}") for index in range(50))
+    usual = gc.get_threshold()
+    seen: dict[bool, set[int]] = {False: set(), True: set()}
+    folded_live = asyncio.Event()
+
+    async def note(_: Recorded, live: bool) -> None:
+        seen[live].add(gc.get_threshold()[0])
+        if live:
+            folded_live.set()
+
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runners = [
+        ProjectionRunner(
+            name=f"gc-{index}",
+            log=event_log,
+            store=store,
+            state_type=TreeState,
+            evolve=evolve_tree,
+            after_event=note,
+        )
+        for index in range(2)  # two at once: the threshold comes back once both caught up
+    ]
+    running = [asyncio.create_task(runner.run()) for runner in runners]
+    try:
+        for runner in runners:
+            await asyncio.wait_for(runner.caught_up.wait(), 10)
+        assert gc.get_threshold() == usual
+        await event_log.append(spawn_event(f"gc-live-{new_id()}"))
+        await asyncio.wait_for(folded_live.wait(), 10)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        store.close()
+    assert seen[False] == {max(usual[0], CATCH_UP_GC_THRESHOLD)}
+    assert seen[True] == {usual[0]}
+    assert gc.get_threshold() == usual

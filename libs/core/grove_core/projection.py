@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -285,6 +286,40 @@ class ProjectionStore:
         self.engine.dispose()
 
 
+#: The cyclic garbage collector's first threshold while a runner catches up (Python's: 700).
+CATCH_UP_GC_THRESHOLD = 50_000
+
+
+class _FewerCollections:
+    """Raises the collector's first threshold while any runner of the process catches up.
+
+    A catch-up allocates a few objects per event, nearly all freed by their reference counts
+    at once, and builds a large long-lived state that each collection walks again. At
+    Python's default threshold a 1,000,000-event governor rebuild spent 1.3 s of its 22 s
+    in collections and ran 10 % faster with this one. The threshold is put back once every
+    runner has caught up (or stopped).
+    """
+
+    def __init__(self) -> None:
+        self._runners = 0
+        self._saved: tuple[int, int, int] | None = None
+
+    def enter(self) -> None:
+        if self._runners == 0:
+            self._saved = gc.get_threshold()
+            first, *older = self._saved
+            gc.set_threshold(max(first, CATCH_UP_GC_THRESHOLD), *older)
+        self._runners += 1
+
+    def leave(self) -> None:
+        self._runners -= 1
+        if self._runners == 0 and self._saved is not None:
+            gc.set_threshold(*self._saved)
+            self._saved = None
+
+
+_COLLECTIONS = _FewerCollections()
+
 Evolve = Callable[[S, Recorded], S]
 AfterEvent = Callable[[Recorded, bool], Awaitable[None]]
 CaughtUp = Callable[[], Awaitable[None]]
@@ -344,6 +379,8 @@ class ProjectionRunner(Generic[S]):
         self.write_error: str | None = None
         self._write_lock = asyncio.Lock()
         self._writing: asyncio.Future[None] | None = None
+        #: Whether this runner holds the collector's threshold up (see `_FewerCollections`).
+        self._collecting_less = False
 
     def load(self) -> S:
         """Load state and checkpoint from the store."""
@@ -433,6 +470,9 @@ class ProjectionRunner(Generic[S]):
         started = time.perf_counter()
         if await self.log.last_seq() <= self.applied_seq:
             await self._mark_caught_up(started)
+        else:
+            _COLLECTIONS.enter()
+            self._collecting_less = True
         flusher = asyncio.create_task(self._write_periodically())
         try:
             async for raw in self.log.read(self.applied_seq + 1, follow=True):
@@ -459,6 +499,7 @@ class ProjectionRunner(Generic[S]):
                     else:
                         self._write_inline()
         finally:
+            self._collect_as_usual()
             flusher.cancel()
             if self._writing is not None and not self._writing.done():
                 await asyncio.wait([self._writing])  # never two writes at once
@@ -495,7 +536,13 @@ class ProjectionRunner(Generic[S]):
             if self.caught_up.is_set() or not self.writable:
                 await self.write()
 
+    def _collect_as_usual(self) -> None:
+        if self._collecting_less:
+            self._collecting_less = False
+            _COLLECTIONS.leave()
+
     async def _mark_caught_up(self, started: float) -> None:
+        self._collect_as_usual()
         metrics.REPLAY_SECONDS.labels(self.name).set(time.perf_counter() - started)
         await self.write()
         self.caught_up.set()
