@@ -64,7 +64,7 @@ async def test_lookups_made_together_share_one_request_and_match_the_leader(
     agents = await agents_with_history(event_log, 5)
     subjects = [subject_for(kind, agent) for agent in agents for kind in ("spawn", "status")]
     subjects += [subject_for("terminate", agents[0]), subjects[0]]  # none; the same twice
-    assert await event_log._direct()
+    assert await event_log._direct()  # known before: the lookups below start in one turn
     batched = event_log._lookups
 
     answers = await asyncio.gather(*(event_log.get_last(subject) for subject in subjects))
@@ -81,6 +81,7 @@ async def test_a_wildcard_lookup_is_answered_alone_with_the_newest_match(
 ) -> None:
     agents = await agents_with_history(event_log, 3)
     literal = [subject_for("spawn", agent) for agent in agents]
+    assert await event_log._direct()  # known before: the lookups below start in one turn
 
     *answers, newest_status = await asyncio.gather(
         *(event_log.get_last(subject) for subject in literal),
@@ -100,6 +101,7 @@ async def test_a_large_gathering_is_split_and_unknown_subjects_answer_none(
     agents = await agents_with_history(event_log, 4)
     known = [subject_for("spawn", agent) for agent in agents]
     unknown = [subject_for("spawn", new_id()) for _ in range(3)]
+    assert await event_log._direct()  # known before: the lookups below start in one turn
 
     answers = await asyncio.gather(*(event_log.get_last(s) for s in known + unknown))
 
