@@ -27,13 +27,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from grove_core.lookups import (
-    JS_API,
-    LOOKUP_TIMEOUT_S,
-    LastLookups,
-    is_literal,
-    record_of_direct_get,
-)
 from grove_core.records import (
     RawRecord,
     Recorded,
@@ -55,6 +48,10 @@ from grove_events import (
 
 log = logging.getLogger(__name__)
 
+#: The JetStream API's subject prefix (no domain).
+JS_API = "$JS.API"
+#: Seconds a lookup (a direct get) waits for its answer, as the other JetStream requests.
+LOOKUP_TIMEOUT_S = 10.0
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -162,8 +159,6 @@ class EventLog:
         self.stream = definition.name
         #: Whether lookups may be answered by any replica (see `_direct`); None: not known yet.
         self._direct_reads: bool | None = None
-        #: Direct lookups of literal subjects asked for together go out as one request.
-        self._lookups = LastLookups(nc, self.stream, self._direct_last)
 
     @classmethod
     async def connect(
@@ -373,15 +368,9 @@ class EventLog:
         return self._direct_reads
 
     async def get_last(self, subject: str) -> RawRecord | None:
-        """The newest message on a subject (wildcards allowed), or None.
-
-        Direct lookups of literal subjects made at the same moment share one request
-        (`grove_core.lookups`).
-        """
+        """The newest message on a subject (wildcards allowed), or None."""
         if await self._direct():
-            if is_literal(subject):
-                return await self._lookups.get(subject)
-            return await self._direct_last(subject)
+            return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}.{subject}", b"")
         try:
             raw = await self.js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError:
@@ -413,15 +402,24 @@ class EventLog:
             headers=dict(raw.headers or {}),
         )
 
-    async def _direct_last(self, subject: str) -> RawRecord | None:
-        return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}.{subject}", b"")
-
     async def _direct_get(self, subject: str, request: bytes) -> RawRecord | None:
         """A direct get (NATS ADR-31), read straight from the reply's headers: nats-py's
         `get_msg` (stream-name checks, JSON, its time parsing) adds about 20 µs of CPU to each
         lookup, and the spawner makes several lookups for every agent it starts."""
         reply = await self.nc.request(subject, request, timeout=LOOKUP_TIMEOUT_S)
-        return record_of_direct_get(reply)
+        headers = reply.headers or {}
+        status = headers.get("Status")
+        if status and not reply.data:
+            if status == "404":
+                return None
+            nats.js.errors.APIError.from_msg(reply)  # raises: what the server answered
+        return RawRecord(
+            seq=int(headers["Nats-Sequence"]),
+            subject=headers["Nats-Subject"],
+            data=reply.data,
+            timestamp=stream_time(datetime.fromisoformat(headers["Nats-Time-Stamp"])),
+            headers=headers,
+        )
 
     async def _last_matching(self, filters: list[str]) -> int:
         """The sequence of the newest message matching any of `filters` (0: none)."""
