@@ -81,3 +81,23 @@ def test_flow_control_is_owed_once_the_messages_before_it_are_taken() -> None:
     assert not r._ready()  # the request waits for the second record to be taken
     r._taken = 2
     assert r._ready()
+
+
+async def test_records_held_from_the_consumer_before_do_not_count_for_the_next() -> None:
+    r = reader()
+    r._arrived(delivery(1, 1))
+    r._arrived(delivery(2, 2))
+    r._arrived(delivery(4, 4))  # a gap: the consumer is made again after seq 2
+    assert r._lost
+    r._begin_consumer()  # what making the new consumer does to the bookkeeping
+    r._arrived(delivery(3, 1))
+    r._arrived(control(reply="$JS.FC.GROVE.y.1"))
+    assert [record.seq for record in r._records] == [1, 2, 3]
+    r._records.popleft()
+    r._taken += 1
+    r._records.popleft()
+    r._taken += 1
+    assert r._flow[0][0] > r._taken  # the request waits for seq 3, not for 1 and 2
+    r._records.popleft()
+    r._taken += 1
+    assert r._flow[0][0] <= r._taken

@@ -35,7 +35,7 @@ from grove_core.records import (
     record_of,
     stream_time,
 )
-from grove_core.replay import UNAVAILABLE_RETRY_S, OrderedReader
+from grove_core.replay import OrderedReader, while_electing
 from grove_events import (
     GROVE_STREAM,
     Event,
@@ -456,7 +456,7 @@ class EventLog:
         await reader.start()
         # Without `idle_timeout`, a replay up to `until_seq` still looks up every 10 s of
         # silence whether the messages it waits for were removed from the stream meanwhile.
-        timeout = idle_timeout if idle_timeout is not None else 10.0 if until_seq else None
+        timeout = idle_timeout if idle_timeout is not None else None if until_seq is None else 10.0
         try:
             taken = 0
             while True:
@@ -551,19 +551,11 @@ class DurableConsumer:
             deliver_policy=js_api.DeliverPolicy.ALL,
             max_ack_pending=10_000,
         )
-        deadline = asyncio.get_running_loop().time() + UNAVAILABLE_RETRY_S
-        while True:
-            try:
-                self._sub = await self.log.js.pull_subscribe(
-                    self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
-                )
-            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
-                # JetStream is electing the stream's leader (a new or failing-over cluster).
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
-            else:
-                return
+        self._sub = await while_electing(
+            lambda: self.log.js.pull_subscribe(
+                self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
+            )
+        )
 
     async def close(self) -> None:
         """Drop the pull subscription (the durable consumer stays on the server).

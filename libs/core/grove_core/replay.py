@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -40,6 +42,25 @@ MISSED_HEARTBEATS = 2
 UNAVAILABLE_RETRY_S = 30.0
 #: Pause between attempts to make the consumer again after it was lost.
 RETRY_PAUSE_S = 0.5
+
+T = TypeVar("T")
+
+
+async def while_electing(
+    attempt: Callable[[], Awaitable[T]], within: float = UNAVAILABLE_RETRY_S
+) -> T:
+    """Run `attempt`, again every `RETRY_PAUSE_S` while JetStream answers that it is
+    unavailable or does not answer (a stream leader being elected, in a new or failing-over
+    cluster), for at most `within` seconds; then its error stands."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await attempt()
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(RETRY_PAUSE_S)
+
 
 _STATUS = "Status"
 _CONTROL = "100"  # flow-control requests and heartbeats
@@ -93,17 +114,11 @@ class OrderedReader:
 
     async def start(self) -> None:
         """Make the consumer, asking again while JetStream is electing the stream's leader."""
-        deadline = asyncio.get_running_loop().time() + UNAVAILABLE_RETRY_S
-        while True:
-            try:
-                await self._subscribe()
-            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
-                if asyncio.get_running_loop().time() > deadline:
-                    await self.close()
-                    raise
-                await asyncio.sleep(RETRY_PAUSE_S)
-            else:
-                return
+        try:
+            await while_electing(self._subscribe)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Stop listening; the server removes the consumer on its own."""
@@ -139,14 +154,7 @@ class OrderedReader:
     async def _subscribe(self) -> None:
         """Listen on a new inbox and make a consumer delivering to it, after `_last_seq`."""
         await self.close()
-        self._generation += 1
-        generation = self._generation
-        self._received = self._taken = 0
-        self._flow.clear()
-        self._next_consumer_seq = 1
-        self._lost = False
-        self._active = True
-        self._heard_at = asyncio.get_running_loop().time()
+        generation = self._begin_consumer()
 
         async def arrived(msg: Msg) -> None:
             if generation == self._generation:
@@ -170,6 +178,21 @@ class OrderedReader:
         )
         info = await self.js.add_consumer(self.stream, config)
         self.consumer = info.name
+
+    def _begin_consumer(self) -> int:
+        """Start the bookkeeping of a new consumer; its generation (older ones' messages are
+        ignored)."""
+        self._generation += 1
+        self._received = 0
+        # Records of the consumer before, still held, are taken before any of this one's:
+        # they do not count towards this one's flow-control answers.
+        self._taken = -len(self._records)
+        self._flow.clear()
+        self._next_consumer_seq = 1
+        self._lost = False
+        self._active = True
+        self._heard_at = asyncio.get_running_loop().time()
+        return self._generation
 
     async def _resubscribe(self) -> None:
         """Make the consumer again after a loss, for as long as it takes."""

@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-
 from grove_core.auth import LocalAuth, redact
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
+from grove_core.replay import while_electing
 from grove_events import GROVE_STREAM
 
 #: service name -> module run with `python -m`
@@ -189,18 +187,9 @@ class Stack:
         url = self.url if self.local_auth is None else self.local_auth.url_for(self.url, "setup")
         definition = dataclasses.replace(GROVE_STREAM, replicas=self.stream_replicas)
         log = await EventLog.connect(url, name="grove-up", definition=definition)
-        deadline = time.monotonic() + STREAM_SETUP_TIMEOUT_S
         try:
-            while True:
-                try:
-                    await log.ensure_stream()
-                except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
-                    # A cluster that has just elected its leader may not take requests yet.
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.5)
-                else:
-                    return
+            # A cluster that has just elected its leader may not take requests yet.
+            await while_electing(log.ensure_stream, STREAM_SETUP_TIMEOUT_S)
         finally:
             await log.close()
 
