@@ -349,7 +349,7 @@ async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
         store=store,
         state_type=TreeState,
         evolve=evolve_tree,
-        batch_size=100,  # the catch-up writes its own batches, the first one refused
+        catch_up_batch_size=100,  # the catch-up writes its own batches, the first one refused
         flush_interval=0.05,
     )
     running = asyncio.create_task(runner.run())
@@ -367,6 +367,55 @@ async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
     assert store.refusals == 0
     assert seq == await event_log.last_seq()
     assert set(TreeState.from_rows(rows).agents) == set(agents)
+
+
+class CountingStore(ProjectionStore):
+    """A store that notes the checkpoint of each write."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.saved: list[int] = []
+
+    def save(self, projection: str, seq: int, changed: Any) -> None:
+        super().save(projection, seq, changed)
+        self.saved.append(seq)
+
+
+async def test_a_catch_up_writes_larger_batches_than_a_projection_that_follows_the_log(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    base = await event_log.last_seq()
+    await event_log.append_many(spawn_event(f"early-{index}-{new_id()}") for index in range(500))
+    last_folded = asyncio.Event()
+
+    async def note(recorded: Recorded, _live: bool) -> None:
+        if recorded.seq == base + 620:
+            last_folded.set()  # the writes it follows are done
+
+    store = CountingStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner: ProjectionRunner[TreeState] = ProjectionRunner(
+        name="batches",
+        log=event_log,
+        store=store,
+        state_type=TreeState,
+        evolve=evolve_tree,
+        after_event=note,
+        batch_size=50,
+        catch_up_batch_size=200,
+        flush_interval=60,  # no timed writes: only the batches write
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 20)
+        assert store.saved == [base + 200, base + 400, base + 500]  # the last on catching up
+        await event_log.append_many(spawn_event(f"late-{index}-{new_id()}") for index in range(120))
+        await asyncio.wait_for(last_folded.wait(), 20)
+        assert store.saved[3:] == [base + 550, base + 600]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        store.close()
 
 
 async def test_the_collector_runs_less_often_only_while_a_projection_catches_up(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import random
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from nats.aio.msg import Msg
@@ -43,6 +44,17 @@ def test_the_time_is_the_one_a_direct_get_of_the_same_message_reads() -> None:
     position = delivery_position(f"$JS.ACK.GROVE.replay.1.1.1.{NANOSECONDS}.0")
     assert position is not None
     assert position[3] == stream_time(Base._parse_utc_iso(header))
+
+
+def test_every_millisecond_is_read_exactly() -> None:
+    # The time is made from a float of seconds; it must be the whole millisecond the server
+    # sent, not a microsecond off, at any moment from 1970 to 2100.
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    moments = random.Random(7).sample(range(4_102_444_800_000), 50_000)
+    for ms in [0, 1, 999, 1_612_798_959_299, *moments]:
+        position = delivery_position(f"$JS.ACK.GROVE.replay.1.1.1.{ms * 1_000_000 + 999_999}.0")
+        assert position is not None
+        assert position[3] == epoch + timedelta(milliseconds=ms), ms
 
 
 @pytest.mark.parametrize(

@@ -116,8 +116,12 @@ def test_bad_config_says_what_is_wrong(config: dict[str, object], message: str) 
 
 
 def test_agent_ids_must_be_subject_tokens() -> None:
-    with pytest.raises(ValidationError, match="NATS subject token"):
+    with pytest.raises(ValidationError, match="should match pattern"):
         SpawnEvent.model_validate({**MINIMAL_SPAWN, "agent_id": "a.b"})
+    # The decoder's reason (what a dead letter says) puts the rule in words.
+    data = json.dumps({**MINIMAL_SPAWN, "agent_id": "a-1", "parent": "p.q"}).encode()
+    with pytest.raises(InvalidEvent, match=r"parent: must be 1-128 .* NATS subject token"):
+        decode("grove.spawn.a-1", data)
 
 
 def test_message_needs_exactly_one_target() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from grove_events.envelope import ID_REGEX, ID_RULE
 from grove_events.kinds import EVENT_CLASSES, Event
 from grove_events.subjects import parse_subject
 from grove_events.upcasting import current_version, upcast
@@ -39,7 +40,10 @@ def _short(error: ValidationError) -> str:
     parts = []
     for item in error.errors(include_url=False)[:5]:
         where = ".".join(str(p) for p in item["loc"]) or "event"
-        parts.append(f"{where}: {item['msg']}")
+        message = item["msg"]
+        if item["type"] == "string_pattern_mismatch" and item["ctx"]["pattern"] == ID_REGEX:
+            message = ID_RULE
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
 

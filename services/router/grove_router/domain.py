@@ -317,7 +317,8 @@ def evolve(
 ) -> RouterState:
     """Fold one event into the router's state; `message_rate` is `global.max_message_rate`."""
     event = recorded.event
-    state.woken.clear()
+    if state.woken:
+        state.woken.clear()
     state.paced_s = 0.0
     state.refused = None
     known = event.agent_id in state.tree.agents
@@ -547,15 +548,17 @@ def _route(
 ) -> None:
     """Deliver an event to the subscribers of its addresses (and to `also`), once each, never
     back to its own author."""
-    origin = author(event)
     recipients: dict[str, str] = {}
     for address in addresses:
-        for agent_id in sorted(state.subscribers.get(address, ())):
-            recipients.setdefault(agent_id, address)
-    for agent_id in also or []:
+        subscribed = state.subscribers.get(address)
+        if subscribed:  # most addresses have nobody (every status goes to `task:<agent>`)
+            for agent_id in sorted(subscribed):
+                recipients.setdefault(agent_id, address)
+    for agent_id in also or ():
         recipients.setdefault(agent_id, "ancestor")
     if not recipients:
         return
+    origin = author(event)
     priority = INJECTED_PRIORITY if injected else 0
     expires = None
     if isinstance(event, MessageEvent):
