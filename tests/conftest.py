@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -46,12 +47,17 @@ _docker_problem: dict[str, str | None] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker that asks for the nats-server binary."""
+    """Register the marker that asks for the nats-server binary; let Ctrl-C reach children."""
     config.addinivalue_line(
         "markers",
         "local_nats: the test kills or restarts the nats-server process itself, so it always "
         "gets the local binary, never a container",
     )
+    # A shell starts a background job (`make test &`) with SIGINT ignored, and every process
+    # started from it inherits that: the tests that stop `grove up` and `grove tail` as Ctrl-C
+    # does would wait for processes deaf to it. A handler is not inherited; "ignored" is.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass

@@ -121,12 +121,17 @@ def popen() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
     yield start
     for proc, own_group in procs:
+        # What a process still running started (`grove up`'s services) goes with it.
+        leftovers = child_processes(proc.pid) if proc.poll() is None else {}
         if own_group:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def child_processes(pid: int) -> dict[int, str]:
