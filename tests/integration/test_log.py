@@ -52,6 +52,15 @@ def status_event(agent_id: str, status_type: str = "admitted") -> StatusEvent:
     )
 
 
+def tree_runner(
+    name: str, event_log: EventLog, store: ProjectionStore, **options: Any
+) -> ProjectionRunner[TreeState]:
+    """A runner of the agent tree's projection (`options`: the runner's own)."""
+    return ProjectionRunner(
+        name=name, log=event_log, store=store, state_type=TreeState, evolve=evolve_tree, **options
+    )
+
+
 async def stored(event_log: EventLog, subjects: str = "grove.>") -> list[Recorded]:
     """Every valid event in the log, by a replay to the current tip."""
     out = []
@@ -309,9 +318,7 @@ async def test_a_projection_counts_the_events_it_folded_by_its_write(
         await event_log.append(status_event(agent, status_type))
     name = f"counted-{new_id()}"
     store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner: ProjectionRunner[TreeState] = ProjectionRunner(
-        name=name, log=event_log, store=store, state_type=TreeState, evolve=evolve_tree
-    )
+    runner = tree_runner(name, event_log, store)
     running = asyncio.create_task(runner.run())
     try:
         await asyncio.wait_for(runner.caught_up.wait(), 10)  # caught up: written
@@ -343,12 +350,10 @@ async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
     agents = [f"refused-{index}-{new_id()}" for index in range(600)]
     await event_log.append_many(spawn_event(agent) for agent in agents)
     store = RefusingFirstWrites(f"sqlite:///{tmp_path / 'p.db'}")
-    runner: ProjectionRunner[TreeState] = ProjectionRunner(
-        name="refused",
-        log=event_log,
-        store=store,
-        state_type=TreeState,
-        evolve=evolve_tree,
+    runner = tree_runner(
+        "refused",
+        event_log,
+        store,
         catch_up_batch_size=100,  # the catch-up writes its own batches, the first one refused
         flush_interval=0.05,
     )
@@ -393,12 +398,10 @@ async def test_a_catch_up_writes_larger_batches_than_a_projection_that_follows_t
             last_folded.set()  # the writes it follows are done
 
     store = CountingStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner: ProjectionRunner[TreeState] = ProjectionRunner(
-        name="batches",
-        log=event_log,
-        store=store,
-        state_type=TreeState,
-        evolve=evolve_tree,
+    runner = tree_runner(
+        "batches",
+        event_log,
+        store,
         after_event=note,
         batch_size=50,
         catch_up_batch_size=200,
@@ -433,14 +436,7 @@ async def test_the_collector_runs_less_often_only_while_a_projection_catches_up(
 
     store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
     runners = [
-        ProjectionRunner(
-            name=f"gc-{index}",
-            log=event_log,
-            store=store,
-            state_type=TreeState,
-            evolve=evolve_tree,
-            after_event=note,
-        )
+        tree_runner(f"gc-{index}", event_log, store, after_event=note)
         for index in range(2)  # two at once: the threshold comes back once both caught up
     ]
     running = [asyncio.create_task(runner.run()) for runner in runners]
