@@ -77,4 +77,6 @@ async def rebuild(
         "seconds": round(elapsed, 3),
         "events_per_s": rate(last, elapsed),
         "applied_seq": runner.applied_seq,
+        # Whether the catch-up was read by a helper process (`grove_core.catchup`).
+        "catch_up_helper": log.helper is not None and last >= log.helper.min_events,
     }

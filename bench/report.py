@@ -235,4 +235,13 @@ def render(results: dict[str, Any]) -> str:
             f"{rebuilt['log_read']['events_per_s']:,.0f}/s, read+decode "
             f"{rebuilt['log_read_decoded']['events_per_s']:,.0f}/s"
         )
+        helped = [
+            name
+            for name, rebuild in rebuilt.get("services", {}).items()
+            if rebuild.get("catch_up_helper")
+        ]
+        parts.append(
+            "catch-ups read by a helper process (GROVE_CATCH_UP_HELPER_MIN): "
+            + (", ".join(helped) if helped else "none")
+        )
     return "\n".join(parts)

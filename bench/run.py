@@ -37,8 +37,10 @@ import uvloop
 from bench import memory, plane, raw, rebuild
 from bench.loggen import publish_log
 from bench.report import figures, render
+from grove_core.catchup import CatchUpHelper
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
+from grove_core.settings import NatsAccess, ServiceSettings
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 
@@ -172,6 +174,10 @@ async def rebuild_run(counts: Counts, folder: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         log = await EventLog.connect(server.url, name="bench-rebuild")
+        # As a service sets it, from GROVE_CATCH_UP_HELPER_MIN (0: the service reads alone).
+        helper_min = ServiceSettings().catch_up_helper_min
+        if helper_min > 0:
+            log.helper = CatchUpHelper(NatsAccess(server.url), helper_min)
         try:
             await log.ensure_stream()
             note(f"rebuild: appending {counts.rebuild_events} events")

@@ -13,10 +13,10 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import nats
@@ -45,6 +45,9 @@ from grove_events import (
     encode,
     subject_for,
 )
+
+if TYPE_CHECKING:
+    from grove_core.catchup import CatchUpHelper
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +162,9 @@ class EventLog:
         self.stream = definition.name
         #: Whether lookups may be answered by any replica (see `_direct`); None: not known yet.
         self._direct_reads: bool | None = None
+        #: How a projection far behind may read its catch-up in a helper process (None: it
+        #: reads everything itself); a service sets it from its settings.
+        self.helper: CatchUpHelper | None = None
 
     @classmethod
     async def connect(
@@ -440,7 +446,7 @@ class EventLog:
         until_seq: int | None = None,
         follow: bool = False,
         idle_timeout: float | None = None,
-    ) -> AsyncIterator[RawRecord]:
+    ) -> AsyncGenerator[RawRecord, None]:
         """Replay the stream from `from_seq` in order (`grove_core.replay.OrderedReader`).
 
         Without `follow`, stops at the last message present when called (or `until_seq`).

@@ -20,6 +20,11 @@ PROJECTION_WRITE_ERRORS = Counter(
     "Writes of a projection the database refused (each retried).",
     ["projection"],
 )
+CATCH_UP_HELPER_FAILURES = Counter(
+    "grove_catch_up_helper_failures_total",
+    "Catch-ups whose helper process stopped early (the projection read on itself).",
+    ["projection"],
+)
 REPLAY_SECONDS = Gauge(
     "grove_replay_duration_seconds",
     "Time the last start-up replay took to catch up.",

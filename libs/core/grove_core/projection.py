@@ -14,7 +14,7 @@ import gc
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
 
@@ -39,8 +39,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
 from grove_core import metrics
+from grove_core.catchup import CatchUpError, read_in_helper
 from grove_core.log import EventLog
-from grove_core.records import Recorded, decode_record, is_deadletter
+from grove_core.records import RawRecord, Recorded, decode_record, is_deadletter
 from grove_events import InvalidEvent
 
 log = logging.getLogger(__name__)
@@ -478,8 +479,9 @@ class ProjectionRunner(Generic[S]):
             _COLLECTIONS.enter()
             self._collecting_less = True
         flusher = asyncio.create_task(self._write_periodically())
+        records = self._records()
         try:
-            async for raw in self.log.read(self.applied_seq + 1, follow=True):
+            async for raw in records:
                 if raw.seq <= self.applied_seq:
                     continue
                 live = self.caught_up.is_set()
@@ -505,6 +507,7 @@ class ProjectionRunner(Generic[S]):
                 elif not live and unwritten >= self.catch_up_batch_size:
                     self._write_inline()
         finally:
+            await records.aclose()  # ends a catch-up helper and the replay's consumer now
             self._collect_as_usual()
             flusher.cancel()
             if self._writing is not None and not self._writing.done():
@@ -513,6 +516,39 @@ class ProjectionRunner(Generic[S]):
                 self.flush()
             except Exception:
                 log.exception("%s: the last write failed; the log replays it", self.name)
+
+    async def _records(self) -> AsyncGenerator[RawRecord, None]:
+        """The log from the checkpoint on, forever. A catch-up of at least the log's
+        `helper.min_events` events is read by a helper process (`grove_core.catchup`); if the
+        helper fails, this process reads on from where it stopped."""
+        next_seq = self.applied_seq + 1
+        helper = self.log.helper
+        if helper is not None:
+            last = await self.log.last_seq()
+            if last - self.applied_seq >= helper.min_events:
+                log.info(
+                    "%s: %s events behind; a helper process reads them",
+                    self.name,
+                    last - self.applied_seq,
+                )
+                helped = read_in_helper(
+                    helper.access, self.log.stream, next_seq, last, name=f"{self.name}-catch-up"
+                )
+                try:
+                    async for raw in helped:
+                        next_seq = raw.seq + 1
+                        yield raw
+                except CatchUpError as exc:
+                    metrics.CATCH_UP_HELPER_FAILURES.labels(self.name).inc()
+                    log.warning("%s: %s; reading on from seq %s here", self.name, exc, next_seq)
+                finally:
+                    await helped.aclose()
+        replay = self.log.read(next_seq, follow=True)
+        try:
+            async for raw in replay:
+                yield raw
+        finally:
+            await replay.aclose()
 
     def _reads(self, subject: str) -> bool:
         """Whether the message on `subject` is an event this projection decodes."""

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -15,6 +14,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from grove_core.catchup import CatchUpHelper
 from grove_core.log import EventLog
 from grove_core.rpc import RpcServer
 from grove_core.settings import ServiceSettings
@@ -27,16 +27,7 @@ Setup = Callable[["Service"], Coroutine[Any, Any, None]]
 
 def nats_options(settings: ServiceSettings) -> dict[str, Any]:
     """Connection options (credentials, TLS) from the settings."""
-    options: dict[str, Any] = {}
-    if settings.nats_user:
-        options["user"] = settings.nats_user
-        options["password"] = settings.nats_password or ""
-    if settings.nats_creds:
-        options["user_credentials"] = str(settings.nats_creds)
-    if settings.nats_tls_ca:
-        ctx = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
-        options["tls"] = ctx
-    return options
+    return settings.nats_access().options()
 
 
 class Service:
@@ -60,6 +51,10 @@ class Service:
             name=self.name,
             **nats_options(self.settings),
         )
+        if self.settings.catch_up_helper_min > 0:
+            self.log.helper = CatchUpHelper(
+                self.settings.nats_access(), self.settings.catch_up_helper_min
+            )
         await self.log.wait_for_stream()
         return self.log
 

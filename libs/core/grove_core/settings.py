@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+import ssl
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: The default of `catch_up_helper_min`: about two seconds of reading in the service itself.
+CATCH_UP_HELPER_MIN = 100_000
+
+
+@dataclass(frozen=True)
+class NatsAccess:
+    """How to connect to NATS: the URL(s) and credentials, in a form another process can be
+    handed (as JSON) to connect the same way."""
+
+    url: str
+    user: str | None = None
+    password: str | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        """nats-py's connection options (credentials, TLS) for this access."""
+        options: dict[str, Any] = {}
+        if self.user:
+            options["user"] = self.user
+            options["password"] = self.password or ""
+        if self.creds:
+            options["user_credentials"] = self.creds
+        if self.tls_ca:
+            options["tls"] = ssl.create_default_context(cafile=self.tls_ca)
+        return options
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The access as JSON-able fields (`NatsAccess(**fields)` makes it again)."""
+        return asdict(self)
 
 
 class ServiceSettings(BaseSettings):
@@ -32,6 +65,22 @@ class ServiceSettings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=0, description="Health and metrics port; 0 picks a free one.")
     log_level: str = "INFO"
+    catch_up_helper_min: int = Field(
+        default=CATCH_UP_HELPER_MIN,
+        ge=0,
+        description="A projection at least this many events behind reads them through a "
+        "helper process, on another CPU (`grove_core.catchup`); 0: never.",
+    )
+
+    def nats_access(self) -> NatsAccess:
+        """The NATS URL and credentials these settings name."""
+        return NatsAccess(
+            url=self.nats_url,
+            user=self.nats_user,
+            password=self.nats_password,
+            creds=None if self.nats_creds is None else str(self.nats_creds),
+            tls_ca=None if self.nats_tls_ca is None else str(self.nats_tls_ca),
+        )
 
     def database_for(self, service: str) -> str:
         """The database URL of one service."""
