@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from grove_artifacts.domain import evolve as artifacts_evolve
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.records import decode_record, is_deadletter
+from grove_core.tasks import cancel_and_wait
 from grove_governor.domain import FOLDED_KINDS as GOVERNOR_KINDS
 from grove_governor.domain import GovernorState
 from grove_governor.domain import evolve as governor_evolve
@@ -68,9 +68,7 @@ async def rebuild(
         await asyncio.wait_for(runner.caught_up.wait(), timeout)
         elapsed = time.perf_counter() - started
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         store.close()
     return {
         "events": last,

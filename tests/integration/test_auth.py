@@ -122,6 +122,28 @@ async def test_an_agent_process_connects_as_the_agent_user_never_as_the_spawner(
     }
 
 
+async def test_services_under_their_own_users_catch_up_through_helper_processes(
+    secured_stack: Stack,
+) -> None:
+    async with await GroveClient.connect(secured_stack.caller_url) as client:
+        agent = await client.spawn("two words", build_config("command", command=["wc", "-w"]))
+        assert (await client.wait(agent, timeout=30)).reason == "completed"
+        for name in ("governor", "router", "artifacts"):
+            # From an empty projection, with any catch-up read by a helper: the helper
+            # connects as the service's own user, from the service's settings.
+            service = secured_stack.services[name]
+            service.stop()
+            (secured_stack.data_dir / f"{name}.db").unlink()
+            service.env["GROVE_CATCH_UP_HELPER_MIN"] = "1"
+            await asyncio.to_thread(secured_stack.restart, name)
+            log = service.log_path.read_text()
+            assert "a helper process reads them" in log, name
+            assert "catch-up helper" not in log, name  # the helper itself reported no error
+            assert "reading on from seq" not in log, name  # and it did not stop early
+        assert (await client.summary(agent))["state"] == "completed"
+        assert (await client.resource_status(agent))["self"]["phase"] == "ended"
+
+
 def test_the_cli_finds_the_secured_stack_through_its_data_folder(secured_stack: Stack) -> None:
     result = grove(None, "--data-dir", str(secured_stack.data_dir), "status")
     assert result.returncode == 0, result.stderr

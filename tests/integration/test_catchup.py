@@ -21,6 +21,7 @@ from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.records import RawRecord, Recorded
 from grove_core.settings import NatsAccess
+from grove_core.tasks import cancel_and_wait
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import AgentConfig, SpawnEvent, new_id
@@ -91,10 +92,8 @@ async def caught_up_rows(runner: ProjectionRunner[Any], store: ProjectionStore) 
     try:
         await asyncio.wait_for(runner.caught_up.wait(), 30)
     finally:
-        running.cancel()  # at once, as a service stopped when it has just caught up
-        with contextlib.suppress(asyncio.CancelledError):
-            async with asyncio.timeout(10):
-                await running
+        async with asyncio.timeout(10):  # at once, as a service stopped as it catches up
+            await cancel_and_wait(running)
     seq, rows = store.load(runner.name)
     return {"seq": seq, "rows": rows}
 

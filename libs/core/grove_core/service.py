@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -18,6 +17,7 @@ from grove_core.catchup import CatchUpHelper
 from grove_core.log import EventLog
 from grove_core.rpc import RpcServer
 from grove_core.settings import ServiceSettings
+from grove_core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,7 @@ class Service:
             for task in self._tasks:
                 task.cancel()
             for task in self._tasks:
-                with contextlib.suppress(BaseException):
-                    await task
+                await cancel_and_wait(task)
             await runner.cleanup()
             if self.log is not None:
                 await self.log.close()
