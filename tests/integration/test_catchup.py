@@ -309,3 +309,17 @@ async def test_a_helper_stopping_early_is_told_as_such(nats_server: NatsEndpoint
     # A stream that does not exist: the helper fails, and the reader says so.
     with pytest.raises(CatchUpError, match="stopped early"):
         await collect(read_in_helper(NatsAccess(nats_server.url), "NO_SUCH_STREAM", 1, 5))
+
+
+async def test_a_helper_that_dies_at_once_is_told_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start = asyncio.create_subprocess_exec
+
+    async def dies_at_once(*_: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        # A helper that cannot even start (say, a broken install): a process that exits at once.
+        return await start(sys.executable, "-c", "import sys; sys.exit(3)", **kwargs)
+
+    monkeypatch.setattr(catchup.asyncio, "create_subprocess_exec", dies_at_once)
+    with pytest.raises(CatchUpError, match=r"exit code 3"):
+        await collect(read_in_helper(NatsAccess("nats://127.0.0.1:9"), "GROVE", 1, 5))

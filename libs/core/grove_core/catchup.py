@@ -114,8 +114,12 @@ async def read_in_helper(
     assert proc.stdout is not None
     finished = False
     try:
-        proc.stdin.write(json.dumps(instructions).encode() + b"\n")
-        await proc.stdin.drain()
+        try:
+            proc.stdin.write(json.dumps(instructions).encode() + b"\n")
+            await proc.stdin.drain()
+        except ConnectionError:  # it is gone already
+            code = await proc.wait()
+            raise CatchUpError(f"the catch-up helper stopped at once (exit code {code})") from None
         while True:
             try:
                 size = int.from_bytes(await proc.stdout.readexactly(_PREFIX), "big")
