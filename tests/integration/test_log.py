@@ -454,3 +454,32 @@ async def test_the_collector_runs_less_often_only_while_a_projection_catches_up(
     assert seen[False] == {max(usual[0], CATCH_UP_GC_THRESHOLD)}
     assert seen[True] == {usual[0]}
     assert gc.get_threshold() == usual
+
+
+async def test_a_projection_tells_waiters_when_it_has_folded_the_log_that_far(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    agent = f"reached-{new_id()}"
+    spawned = await event_log.append(spawn_event(agent))
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(f"reached-{new_id()}", event_log, store)
+    running = asyncio.create_task(runner.run())
+    try:
+        assert await runner.reached(spawned.seq, 10)
+        later = spawned.seq + 2
+        assert not await runner.reached(later, 0.2)  # nothing that far yet: it says so in time
+        # Two waiters for positions the log has not reached; each is told when it is folded.
+        waiting = [asyncio.create_task(runner.reached(seq, 10)) for seq in (later, later - 1)]
+        await asyncio.sleep(0.05)
+        assert not any(task.done() for task in waiting)
+        await event_log.append(status_event(agent, "admitted"))
+        assert await waiting[1]
+        assert not waiting[0].done()
+        await event_log.append(status_event(agent, "started"))
+        assert await waiting[0]
+        assert runner.applied_seq >= later
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        store.close()

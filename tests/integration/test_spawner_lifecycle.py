@@ -3,14 +3,17 @@
 Resume on the same session, fork from a copy of the source's session, the failure report,
 pause and resume of everything, an end decided elsewhere, a stop a run does not heed at once,
 exactly one start with two spawners,
-a lost spawner's agents, and the completion a silent agent is given.
+a lost spawner's agents, the completion a silent agent is given, and admissions answered from
+the spawner's own projection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -407,3 +410,35 @@ async def test_a_run_that_ends_well_without_saying_so_gets_an_explicit_completio
     assert notice.payload.details["tokens"] == 150
     checkpoints = of(records, spender, "status", "checkpoint")
     assert [c.payload.details["tokens"] for c in checkpoints] == [120, 150]
+
+
+# -- admissions ---------------------------------------------------------------------------------
+
+
+def admissions(port: int) -> dict[str, float]:
+    """The spawner's `grove_spawner_admissions_total`, by what answered."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    pattern = r'^grove_spawner_admissions_total\{answered_by="(\w+)"\} (\S+)$'
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, flags=re.MULTILINE)}
+
+
+async def test_admissions_of_spawns_are_answered_by_the_projection_and_a_fork_by_the_log(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    stack = await asyncio.to_thread(make_stack)
+    port = stack.services["spawner-1"].http_port
+    client = GroveClient(event_log)
+    spawned = [await client.spawn(f"t{i}", python_agent("says_completed")) for i in range(3)]
+    for agent in spawned:
+        (end,) = await wait_ends(event_log, agent)
+        assert end.reason == "completed"
+    assert admissions(port) == {"projection": 3.0}
+
+    fork = await client.fork(spawned[0], "again")  # a fork's spawn is read from the log
+    (end,) = await wait_ends(event_log, fork)
+    assert end.reason == "completed"
+    assert admissions(port) == {"projection": 3.0, "log": 1.0}
+    records = await events(event_log)
+    for agent in [*spawned, fork]:
+        assert len(of(records, agent, "status", "started")) == 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import heapq
+import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -386,6 +388,9 @@ class ProjectionRunner(Generic[S]):
         self._writing: asyncio.Future[None] | None = None
         #: Whether this runner holds the collector's threshold up (see `_FewerCollections`).
         self._collecting_less = False
+        #: Callers of `reached` waiting: (sequence, tie-breaker, future), the lowest first.
+        self._reach_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._reach_tickets = itertools.count()
 
     def load(self) -> S:
         """Load state and checkpoint from the store."""
@@ -497,6 +502,8 @@ class ProjectionRunner(Generic[S]):
                             await self.after_event(recorded, live)
                 self.applied_seq = raw.seq
                 self.lag = raw.pending
+                if self._reach_waiters and self._reach_waiters[0][0] <= raw.seq:
+                    self._wake_reached()
                 if not live and raw.pending == 0:
                     await self._mark_caught_up(started)
                 if not self.writable:
@@ -549,6 +556,31 @@ class ProjectionRunner(Generic[S]):
                 yield raw
         finally:
             await replay.aclose()
+
+    async def reached(self, seq: int, timeout: float) -> bool:
+        """Wait until the state has folded the log up to `seq`; False if it has not within
+        `timeout` seconds."""
+        if self.applied_seq >= seq:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (seq, next(self._reach_tickets), future)
+        heapq.heappush(self._reach_waiters, entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            return False
+        finally:
+            if not future.done():
+                future.cancel()  # dropped from the heap when it comes to the top
+        return True
+
+    def _wake_reached(self) -> None:
+        waiters = self._reach_waiters
+        while waiters and waiters[0][0] <= self.applied_seq:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
 
     def _reads(self, subject: str) -> bool:
         """Whether the message on `subject` is an event this projection decodes."""

@@ -4,6 +4,8 @@
   uses it after a restart to learn which of its agents were lost with the old process, and to
   notice a peer that went silent while it had agents running, so that their parents get a
   `failed` outcome instead of silence.
+- `FreshAgents`: agents whose first spawn this process has folded and that have not ended,
+  with what an admission of that spawn needs to know (so it needs no reads of the log).
 - `StartKind`, `start_allowed`: when an admission may start an agent instance.
 - `fork_spawn`: the spawn a fork runs as, from the fork event and its source's spawn.
 - `PeerWatch`: when each spawner was last heard from, against a clock the caller passes in.
@@ -11,14 +13,14 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Self, get_args
 
 from agentgrove.context import StartKind
 from grove_core.projection import KeyedState
 from grove_core.records import Recorded
-from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
+from grove_events import ControlEvent, ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 SPAWNER_ID_DETAIL = "spawner_id"
 
@@ -103,6 +105,63 @@ def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
     elif isinstance(event, TerminateEvent) and state.running.pop(event.agent_id, None) is not None:
         state.touch(event.agent_id)
     return state
+
+
+#: Most agents `FreshAgents` keeps (the oldest spawns go first; their admissions read the log).
+MAX_FRESH = 10_000
+
+
+@dataclass(slots=True)
+class FreshAgent:
+    """An agent whose first spawn was folded and that has not ended since."""
+
+    spawn: SpawnEvent
+    #: Whether a `started` status of the agent was folded.
+    started: bool = False
+    #: The stop's reason, when the agent's newest control is a stop.
+    stop: str | None = None
+
+
+@dataclass
+class FreshAgents:
+    """What the admission of a spawn needs, from the events folded since this process began.
+
+    An agent's events all come after its first spawn, the spawn the governor admits (it
+    ignores any later one, and the admission names it as its cause). So once this has folded
+    that spawn, it has folded everything of the agent, and answers as reads of the log would:
+    no end, whether it started, whether its newest control is a stop. For an agent whose
+    first spawn it did not fold (it came before this process began, or was dropped to stay
+    within `limit`), `get` says None, and the caller reads the log.
+    """
+
+    agents: OrderedDict[str, FreshAgent] = field(default_factory=OrderedDict)
+    limit: int = MAX_FRESH
+
+    def get(self, agent_id: str, spawn_event_id: str | None) -> FreshAgent | None:
+        """The agent, if the spawn `spawn_event_id` (an admission's cause) is the first of
+        it folded here and the agent has not ended since."""
+        agent = self.agents.get(agent_id)
+        if agent is None or agent.spawn.event_id != spawn_event_id:
+            return None
+        return agent
+
+    def fold(self, recorded: Recorded) -> None:
+        """Take in one event (of any kind, in stream order)."""
+        event = recorded.event
+        agent_id = event.agent_id
+        if isinstance(event, SpawnEvent):
+            if agent_id not in self.agents:  # a later spawn of the agent changes nothing
+                self.agents[agent_id] = FreshAgent(event)
+                if len(self.agents) > self.limit:
+                    self.agents.popitem(last=False)
+        elif isinstance(event, StatusEvent):
+            if event.status_type == "started" and (agent := self.agents.get(agent_id)):
+                agent.started = True
+        elif isinstance(event, ControlEvent):
+            if (agent := self.agents.get(agent_id)) is not None:
+                agent.stop = (event.reason or "stopped") if event.action == "stop" else None
+        elif isinstance(event, TerminateEvent):
+            self.agents.pop(agent_id, None)
 
 
 def start_allowed(kind: StartKind, admitted_seq: int, last_terminate_seq: int | None) -> bool:

@@ -59,6 +59,8 @@ from grove_spawner.domain import (
     FOLDED_KINDS,
     SPAWNER_ID_DETAIL,
     START_KINDS,
+    FreshAgent,
+    FreshAgents,
     PeerWatch,
     SpawnerState,
     StartedAgent,
@@ -80,13 +82,19 @@ log = logging.getLogger(__name__)
 
 NAME = "spawner"
 DURABLE = "spawner"
-#: What the projection reads of the log: what its fold reads, and controls for the hook.
-PROJECTION_KINDS = FOLDED_KINDS | {"control"}
+#: What the projection reads of the log: what its fold reads, and spawns and controls for
+#: the hook (`FreshAgents`, the live reactions).
+PROJECTION_KINDS = FOLDED_KINDS | {"spawn", "control"}
 HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
 #: How long one fetch of the durable consumer waits (DurableConsumer.run).
 FETCH_TIMEOUT_S = 1.0
 #: Admissions handled at once (those of one agent still one after the other).
 START_CONCURRENCY = 64
+#: How long an admission waits for the projection to fold the log up to it, to be answered
+#: from `FreshAgents`; after that it reads the log instead.
+FRESH_WAIT_S = 2.0
+#: Most messages on an agent's spawn subject read for its first valid spawn.
+MAX_SPAWNS_READ = 16
 #: How deep a chain of forks of forks is followed back to its spawn.
 MAX_FORK_DEPTH = 64
 
@@ -108,6 +116,13 @@ TERMINATE_RETRIES = Counter(
 RECANCELS = Counter(
     "grove_spawner_recancels_total",
     "Cancellations of an agent's run repeated because it had not ended after the last.",
+)
+ADMISSIONS = Counter(
+    "grove_spawner_admissions_total",
+    "Admissions handled, by what answered what they start: the projection (`FreshAgents`) "
+    "or reads of the log (a fork, a resume, or a spawn the projection does not know or had "
+    "not folded in time).",
+    ["answered_by"],
 )
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
@@ -265,6 +280,8 @@ class Spawner:
         #: GROVE_NATS_* settings for the processes of agents (never the spawner's own).
         self.agent_credentials = agent_credentials or {}
         self.running: dict[str, RunningAgent] = {}
+        #: Agents spawned and not ended, from the projection's events (see `start`).
+        self.fresh = FreshAgents()
         #: Whether a `pause_all` is in force (no `resume_all` after it yet).
         self.paused = False
         self.peers = PeerWatch(since=time.monotonic())
@@ -307,22 +324,19 @@ class Spawner:
             log.error("admission of %s names an unknown start %r; ignoring", agent_id, kind)
             return
         kind = cast(StartKind, kind)
-        # Independent reads, in one round trip; the agent's first status is read on the guess
-        # that it never ended (a first start), where the search for a `started` begins.
-        last_end, origin, first_status = await asyncio.gather(
-            self.log.get_last(subject_for("terminate", agent_id)),
-            self._origin(agent_id),
-            self.log.get_next(subject_for("status", agent_id), 1),
-        )
-        end_seq = None if last_end is None else last_end.seq
-        if not start_allowed(kind, admitted.seq, end_seq):
-            log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
-            return
-        first = first_status if end_seq is None else None
-        if await self._started_since(agent_id, end_seq or 0, admitted.seq, first):
-            log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
-            return
-        agent = await self._instance(status, kind, last_end, origin)
+        fresh = await self._fresh(admitted, status) if kind == "spawn" else None
+        ADMISSIONS.labels("log" if fresh is None else "projection").inc()
+        if fresh is not None:
+            # The projection has folded the log past the admission, and the agent's first
+            # spawn with it: no end, no `started` and no stop of it can be in the log unseen.
+            if fresh.started:
+                log.info(
+                    "%s has started already; admission at seq %s ignored", agent_id, admitted.seq
+                )
+                return
+            agent = await self._instance(status, kind, None, Origin(fresh.spawn))
+        else:
+            agent = await self._instance_from_log(agent_id, admitted, status, kind)
         if agent is None:
             return
         spawn = agent.spawn
@@ -352,7 +366,10 @@ class Spawner:
             metrics.SPAWN_TO_STARTED.observe(
                 max(0.0, (datetime.now(UTC) - spawn.timestamp).total_seconds())
             )
-        await self._check_stopped(agent)
+        if fresh is None:
+            await self._check_stopped(agent)
+        elif fresh.stop is not None:  # a stop folded later is handled as it comes (`_stop`)
+            agent.stop_reason = agent.stop_reason or fresh.stop
         if agent.ended_elsewhere:
             self.running.pop(agent_id, None)
             return
@@ -361,6 +378,35 @@ class Spawner:
             await self._terminate(agent, "stopped", summary=agent.stop_reason)
             return
         agent.task = asyncio.create_task(self._run(agent), name=f"agent-{agent_id}")
+
+    async def _fresh(self, admitted: Recorded, status: StatusEvent) -> FreshAgent | None:
+        """What the projection knows of the agent whose spawn is admitted, once it has folded
+        the log up to the admission (None: it does not know that spawn, or is too far
+        behind)."""
+        if not await self.runner.reached(admitted.seq, FRESH_WAIT_S):
+            return None
+        return self.fresh.get(status.agent_id, status.causation_id)
+
+    async def _instance_from_log(
+        self, agent_id: str, admitted: Recorded, status: StatusEvent, kind: StartKind
+    ) -> RunningAgent | None:
+        """The instance an admission starts, from reads of the log (None: it starts nothing)."""
+        # Independent reads, in one round trip; the agent's first status is read on the guess
+        # that it never ended (a first start), where the search for a `started` begins.
+        last_end, origin, first_status = await asyncio.gather(
+            self.log.get_last(subject_for("terminate", agent_id)),
+            self._origin(agent_id),
+            self.log.get_next(subject_for("status", agent_id), 1),
+        )
+        end_seq = None if last_end is None else last_end.seq
+        if not start_allowed(kind, admitted.seq, end_seq):
+            log.info("admission of %s at seq %s starts nothing (%s)", agent_id, admitted.seq, kind)
+            return None
+        first = first_status if end_seq is None else None
+        if await self._started_since(agent_id, end_seq or 0, admitted.seq, first):
+            log.info("%s has started already; admission at seq %s ignored", agent_id, admitted.seq)
+            return None
+        return await self._instance(status, kind, last_end, origin)
 
     async def _instance(
         self,
@@ -426,10 +472,25 @@ class Spawner:
             seq = raw.seq + 1
         return False
 
+    async def _first_spawn(self, agent_id: str) -> SpawnEvent | None:
+        """The agent's first valid spawn: the one the governor admits (a later spawn of the
+        agent changes nothing; it may ask for another runtime or more permissions)."""
+        subject = subject_for("spawn", agent_id)
+        seq = 1
+        for _ in range(MAX_SPAWNS_READ):
+            raw = await self.log.get_next(subject, seq)
+            if raw is None:
+                return None
+            spawn = _decode(raw)
+            if isinstance(spawn, SpawnEvent):
+                return spawn
+            seq = raw.seq + 1  # an invalid message, dead-lettered: the governor skipped it too
+        return None
+
     async def _origin(self, agent_id: str, depth: int = 0) -> Origin | None:
         """The spawn an agent runs as, following a fork back to its source's spawn."""
-        spawn = _decode(await self.log.get_last(subject_for("spawn", agent_id)))
-        if isinstance(spawn, SpawnEvent):
+        spawn = await self._first_spawn(agent_id)
+        if spawn is not None:
             return Origin(spawn)
         fork = _decode(await self.log.get_last(subject_for("fork", agent_id)))
         if not isinstance(fork, ForkEvent) or depth >= MAX_FORK_DEPTH:
@@ -710,6 +771,7 @@ class Spawner:
     # -- live reactions ----------------------------------------------------------------------
 
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
+        self.fresh.fold(recorded)
         event = recorded.event
         if isinstance(event, StatusEvent):
             spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
