@@ -8,6 +8,11 @@ a spawn, a fork (from its fork event and the source's spawn) or a resume (a new 
 same session). An instance's terminate is guarded by the sequence of the agent's previous
 terminate, so it ends once, whoever ends it.
 
+What the admission of a spawn needs (the spawn, and whether the agent has started or been
+stopped) comes from the replica's own projection, once it has folded the log up to the
+admission (`FreshAgents`): no reads of the log on that path. Forks, resumes, and spawns the
+projection did not fold (from before the process began) read the log.
+
 The projection of started agents, fed with every event, also carries the live reactions:
 stops and pauses (control events), ends decided elsewhere (a terminate from the governor or a
 peer), and which peers are alive. Spawners publish heartbeats on core NATS; a peer silent for
