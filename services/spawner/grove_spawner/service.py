@@ -276,6 +276,8 @@ class Spawner:
         self.log = event_log
         self.spawner_id = spawner_id
         self.nats_url = nats_url
+        #: The URL agents connect to, without any user in it: agents connect with their own.
+        self.agent_nats_url = without_user(nats_url)
         self.sessions = sessions
         self.opener = SessionOpener(sessions)
         self.heartbeat_interval = heartbeat_interval
@@ -550,8 +552,7 @@ class Spawner:
                 env={
                     "GROVE_AGENT_ID": spawn.agent_id,
                     "GROVE_TREE_ID": agent.tree_id,
-                    # The URL without any user in it: agents connect with their own.
-                    "GROVE_NATS_URL": without_user(self.nats_url),
+                    "GROVE_NATS_URL": self.agent_nats_url,
                     **self.agent_credentials,
                 },
                 start=agent.start,
