@@ -275,7 +275,6 @@ class Spawner:
     ) -> None:
         self.log = event_log
         self.spawner_id = spawner_id
-        self.nats_url = nats_url
         #: The URL agents connect to, without any user in it: agents connect with their own.
         self.agent_nats_url = without_user(nats_url)
         self.sessions = sessions
