@@ -164,6 +164,15 @@ class FreshAgents:
             self.agents.pop(agent_id, None)
 
 
+def may_be_admission(data: bytes) -> bool:
+    """Whether a status's JSON bytes can say `admitted` (the spawner decodes only those).
+
+    The word itself, or any escape (`\\u0061dmitted` is the same JSON string): a status without
+    either cannot be an admission.
+    """
+    return b"admitted" in data or b"\\u" in data
+
+
 def start_allowed(kind: StartKind, admitted_seq: int, last_terminate_seq: int | None) -> bool:
     """Whether an admission at `admitted_seq` may start a new instance of its agent.
 

@@ -36,7 +36,7 @@ from prometheus_client import Counter
 from pydantic import Field, model_validator
 
 from agentgrove.artifacts import ArtifactError, store_result
-from agentgrove.context import AgentContext, StartKind
+from agentgrove.context import END_STATUSES, AgentContext, StartKind
 from grove_core import metrics
 from grove_core.auth import without_user
 from grove_core.log import ConcurrencyConflict, Delivery, DurableConsumer, EventLog, LogError
@@ -71,6 +71,7 @@ from grove_spawner.domain import (
     StartedAgent,
     evolve,
     fork_spawn,
+    may_be_admission,
     start_allowed,
 )
 from grove_spawner.runtimes import RUNTIMES, AgentRun, Outcome
@@ -128,6 +129,12 @@ ADMISSIONS = Counter(
     "or reads of the log (a fork, a resume, or a spawn the projection does not know or had "
     "not folded in time).",
     ["answered_by"],
+)
+SILENT_COMPLETION_READS = Counter(
+    "grove_spawner_completion_guard_lost_total",
+    "Appends of the completion said for an agent that ended well without saying so that lost "
+    "their guard (a status of the agent the spawner had not folded yet), each followed by a "
+    "read of the agent's newest status.",
 )
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
@@ -211,6 +218,9 @@ class RunningAgent:
     terminate_guard: int = 0
     tokens_before: int = 0
     started_seq: int = 0
+    #: The newest status of this instance the spawner knows of: its `started`, or one its
+    #: projection folded since (the guard of the completion it may say for the agent).
+    status_seq: int = 0
     task: asyncio.Task[None] | None = None
     run: AgentRun | None = None
     stop_reason: str | None = None
@@ -309,7 +319,11 @@ class Spawner:
     # -- starting ----------------------------------------------------------------------------
 
     async def on_status(self, delivery: Delivery) -> None:
-        """Handle one status from the shared durable consumer."""
+        """Handle one status from the shared durable consumer: an admission starts its agent.
+        Only statuses whose bytes can say `admitted` are decoded (two in three are not)."""
+        if not may_be_admission(delivery.record.data):
+            await delivery.ack()
+            return
         try:
             recorded = decode_record(delivery.record)
         except InvalidEvent:
@@ -366,7 +380,7 @@ class Spawner:
         except BaseException:
             self.running.pop(agent_id, None)
             raise
-        agent.started_seq = appended.seq
+        agent.started_seq = agent.status_seq = appended.seq
         agent.started_at = time.monotonic()
         if kind == "spawn" and spawn.timestamp is not None:
             metrics.SPAWN_TO_STARTED.observe(
@@ -589,7 +603,7 @@ class Spawner:
         if tokens > agent.tokens_before:
             metrics.TOKENS_USED.labels(spawn.config.runtime).inc(tokens - agent.tokens_before)
         if outcome.completed:
-            if not await self._reported_end(agent, context):
+            if not (agent.reported_end or (context is not None and context.reported_end)):
                 await self._report_silent_completion(agent, outcome, tokens)
             await self._terminate(agent, "completed", summary=outcome.summary, tokens=tokens)
         else:
@@ -618,19 +632,6 @@ class Spawner:
             self.sessions, spawn.session_id or spawn.agent_id, spawn.agent_id, entries
         )
 
-    async def _reported_end(self, agent: RunningAgent, context: AgentContext | None) -> bool:
-        """Whether the agent itself appended `completed` or `failed` during this instance."""
-        if agent.reported_end or (context is not None and context.reported_end):
-            return True
-        raw = await self._read_until_answered(subject_for("status", agent.spawn.agent_id))
-        status = _decode(raw)
-        return (
-            raw is not None
-            and raw.seq > agent.started_seq
-            and isinstance(status, StatusEvent)
-            and status.status_type in ("completed", "failed")
-        )
-
     def _status(
         self,
         agent: RunningAgent,
@@ -653,12 +654,41 @@ class Spawner:
     async def _report_silent_completion(
         self, agent: RunningAgent, outcome: Outcome, tokens: int
     ) -> None:
-        """The run ended well but the agent never said so: say it for the agent."""
+        """The run ended well but the agent did not say so here: say it for the agent, unless
+        it said `completed` or `failed` itself on another path (its own connection).
+
+        The notice is appended guarded by the newest status of the agent the spawner knows of
+        (`started`, or one its projection folded since), so that in the usual case nothing is
+        read first. When the guard loses, the agent's newest status is read: an end of this
+        instance stands (the agent's own, or this notice stored by an append whose
+        acknowledgement was lost), and any other status is the next guard.
+        """
         text, _ = cut_to_budget(outcome.summary, min(agent.spawn.config.return_budget, 500))
         details: dict[str, Any] = {"system_notice": "silent_completion"}
         if tokens:
             details["tokens"] = tokens
-        await self._append_until_stored(self._status(agent, "completed", text, details))
+        notice = self._status(agent, "completed", text, details)
+        subject = subject_for("status", agent.spawn.agent_id)
+        expect = agent.status_seq
+        while True:
+            try:
+                await self._append_until_stored(notice, expect_last_seq=expect)
+            except ConcurrencyConflict:
+                SILENT_COMPLETION_READS.inc()
+            else:
+                return
+            newest = await self._read_until_answered(subject)
+            if newest is None:  # the agent's statuses were removed from the log
+                expect = 0
+                continue
+            status = _decode(newest)
+            if (
+                newest.seq > agent.started_seq
+                and isinstance(status, StatusEvent)
+                and status.status_type in END_STATUSES
+            ):
+                return
+            expect = newest.seq
 
     async def _report_failure(self, agent: RunningAgent, outcome: Outcome, tokens: int) -> None:
         """The `failed` status: the error, what was attempted and the partial results, each
@@ -783,12 +813,10 @@ class Spawner:
             if event.status_type == "started" and isinstance(spawner_id, str):
                 self.peers.hear(spawner_id, time.monotonic())
             agent = self.running.get(event.agent_id)
-            if (
-                agent is not None
-                and event.status_type in ("completed", "failed")
-                and recorded.seq > agent.started_seq > 0
-            ):
-                agent.reported_end = True
+            if agent is not None and recorded.seq > agent.status_seq and agent.started_seq > 0:
+                agent.status_seq = recorded.seq
+                if event.status_type in END_STATUSES:
+                    agent.reported_end = True
         elif isinstance(event, ControlEvent):
             if event.action == "pause_all":
                 self.paused = True
