@@ -62,8 +62,6 @@ async def rebuild(
         name=service, log=log, store=store, state_type=state_type, evolve=evolve, kinds=kinds
     )
     last = await log.last_seq()
-    # The last message of the kinds the runner reads: where its fold ends.
-    last_read = await log.last_matching(runner.subjects)
     started = time.perf_counter()
     task = asyncio.create_task(runner.run())
     try:
@@ -77,7 +75,6 @@ async def rebuild(
         "seconds": round(elapsed, 3),
         "events_per_s": rate(last, elapsed),
         "applied_seq": runner.applied_seq,
-        "last_read": last_read,
         # Whether the catch-up was read by a helper process (`grove_core.catchup`).
         "catch_up_helper": log.helper is not None and last >= log.helper.min_events,
     }

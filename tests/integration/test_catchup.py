@@ -24,7 +24,7 @@ from grove_core.settings import NatsAccess
 from grove_core.tasks import cancel_and_wait
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
-from grove_events import AgentConfig, SpawnEvent, StatusEvent, new_id
+from grove_events import AgentConfig, SpawnEvent, new_id
 from tests.conftest import NatsEndpoint
 
 pytestmark = pytest.mark.integration
@@ -40,15 +40,6 @@ def spawn_event(agent_id: str) -> SpawnEvent:
         timestamp=datetime.now(UTC),
         task="catch up",
         config=AgentConfig(runtime="command", command=["true"]),
-    )
-
-
-def status_event(agent_id: str, status_type: str) -> StatusEvent:
-    return StatusEvent(
-        event_id=new_id(),
-        agent_id=agent_id,
-        timestamp=datetime.now(UTC),
-        status_type=status_type,  # type: ignore[arg-type]
     )
 
 
@@ -121,22 +112,6 @@ async def test_a_helper_reads_exactly_what_the_log_reads(
         assert helped == here  # subjects, bodies, headers, stream times, pending: all alike
     assert len(helpers.processes) == 2
     assert [process.returncode for process in helpers.processes] == [0, 0]
-
-
-async def test_a_helper_reads_only_the_subjects_asked_for(
-    event_log: EventLog, nats_server: NatsEndpoint, helpers: HelperSpy
-) -> None:
-    agents = await append_spawns(event_log, 50, "mixed")
-    await event_log.append_many(status_event(agent, "admitted") for agent in agents)
-    last_spawn = await event_log.last_matching(["grove.spawn.>"])
-    access = NatsAccess(nats_server.url)
-    helped = await collect(
-        read_in_helper(access, event_log.stream, 1, last_spawn, subjects=["grove.spawn.>"])
-    )
-    here = await collect(event_log.read(1, subjects="grove.spawn.>", until_seq=last_spawn))
-    assert [record.subject for record in helped] == [f"grove.spawn.{agent}" for agent in agents]
-    assert helped == here
-    assert [process.returncode for process in helpers.processes] == [0]
 
 
 async def test_a_slow_reader_holds_the_helper_back_not_the_log_in_memory(
@@ -292,12 +267,7 @@ async def test_a_helper_whose_reader_is_gone_exits(
     event_log: EventLog, nats_server: NatsEndpoint
 ) -> None:
     await append_spawns(event_log, EVENTS, "orphan")
-    reading = {
-        "access": {"url": nats_server.url},
-        "stream": event_log.stream,
-        "subjects": ["grove.>"],
-        "name": "orphan",
-    }
+    reading = {"access": {"url": nats_server.url}, "stream": event_log.stream, "name": "orphan"}
     # Waiting for a server that is not there: it notices that its input closed.
     waiting = start_helper(
         {**reading, "access": {"url": "nats://127.0.0.1:9"}, "from_seq": 1, "until_seq": 10}

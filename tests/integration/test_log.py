@@ -483,37 +483,3 @@ async def test_a_projection_tells_waiters_when_it_has_folded_the_log_that_far(
         with contextlib.suppress(asyncio.CancelledError):
             await running
         store.close()
-
-
-async def test_a_projection_of_some_kinds_reads_only_those_and_knows_how_far_it_folded(
-    event_log: EventLog, tmp_path: Path
-) -> None:
-    agent = f"filtered-{new_id()}"
-    spawned = await event_log.append(spawn_event(agent))
-    statuses = [await event_log.append(status_event(agent, t)) for t in ("admitted", "started")]
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(f"filtered-{new_id()}", event_log, store, kinds=frozenset({"spawn"}))
-    assert runner.subjects == ["grove.spawn.>"]
-    running = asyncio.create_task(runner.run())
-    try:
-        await asyncio.wait_for(runner.caught_up.wait(), 10)
-        assert runner.applied_seq == spawned.seq  # the statuses after it were never delivered
-        assert agent in runner.state.agents
-        # Folded up to the statuses' sequences: no spawn comes before them.
-        assert await runner.reached(statuses[-1].seq, 5)
-        # Not past the log's end: a spawn may still come there.
-        beyond = statuses[-1].seq + 2
-        assert not await runner.reached(beyond, 0.3)
-        waiting = asyncio.create_task(runner.reached(beyond, 10))
-        await event_log.append(status_event(agent, "completed"))
-        second = f"filtered-{new_id()}"
-        respawned = await event_log.append(spawn_event(second))
-        assert respawned.seq == beyond
-        assert await waiting
-        assert second in runner.state.agents  # told once the spawn at `beyond` was folded
-        assert await runner.reached(respawned.seq, 5, subject=f"grove.spawn.{second}")
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
-        store.close()

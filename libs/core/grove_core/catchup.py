@@ -24,7 +24,7 @@ import marshal
 import os
 import stat
 import sys
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -84,11 +84,10 @@ async def read_in_helper(
     from_seq: int,
     until_seq: int,
     *,
-    subjects: Sequence[str] = ("grove.>",),
     name: str = "catch-up",
 ) -> AsyncGenerator[RawRecord, None]:
-    """The records of `stream` on `subjects` from `from_seq` to `until_seq` (a message on
-    them), read by a helper process that connects with `access`.
+    """The records of `stream` from `from_seq` to `until_seq`, read by a helper process that
+    connects with `access`.
 
     Raises CatchUpError when the helper stops early; every record yielded before that is good
     (in order, none missing), so the caller can go on reading after the last one itself.
@@ -98,7 +97,6 @@ async def read_in_helper(
         "stream": stream,
         "from_seq": from_seq,
         "until_seq": until_seq,
-        "subjects": list(subjects),
         "name": name,
     }
     try:
@@ -171,9 +169,7 @@ async def _send(instructions: dict[str, Any], sent: asyncio.Event) -> None:
     try:
         batch: list[tuple[Any, ...]] = []
         async for raw in event_log.read(
-            instructions["from_seq"],
-            subjects=instructions["subjects"],
-            until_seq=instructions["until_seq"],
+            instructions["from_seq"], until_seq=instructions["until_seq"]
         ):
             milliseconds = round(raw.timestamp.timestamp() * 1000)
             batch.append((raw.seq, raw.subject, raw.data, milliseconds, raw.headers, raw.pending))

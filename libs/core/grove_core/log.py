@@ -427,18 +427,16 @@ class EventLog:
             headers=headers,
         )
 
-    async def last_matching(self, filters: Sequence[str]) -> int:
+    async def _last_matching(self, filters: list[str]) -> int:
         """The sequence of the newest message matching any of `filters` (0: none)."""
-        if list(filters) == ["grove.>"]:
+        if filters == ["grove.>"]:
             return await self.last_seq()
-        lasts = await asyncio.gather(*(self.get_last(subject) for subject in filters))
-        return max((last.seq for last in lasts if last is not None), default=0)
-
-    async def next_matching(self, filters: Sequence[str], from_seq: int) -> int | None:
-        """The sequence of the first message at or after `from_seq` matching any of
-        `filters` (None: none yet)."""
-        firsts = await asyncio.gather(*(self.get_next(subject, from_seq) for subject in filters))
-        return min((first.seq for first in firsts if first is not None), default=None)
+        newest = 0
+        for subject in filters:
+            last = await self.get_last(subject)
+            if last is not None:
+                newest = max(newest, last.seq)
+        return newest
 
     async def read(
         self,
@@ -457,7 +455,7 @@ class EventLog:
         """
         filters = [subjects] if isinstance(subjects, str) else list(subjects)
         if until_seq is None and not follow:
-            until_seq = await self.last_matching(filters)
+            until_seq = await self._last_matching(filters)
             if until_seq < from_seq:
                 return
         reader = OrderedReader(self.nc, self.js, self.stream, filters, from_seq)

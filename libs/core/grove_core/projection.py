@@ -50,9 +50,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a write waits for a locked SQLite database before it fails.
 SQLITE_BUSY_TIMEOUT_S = 5.0
-#: How often `reached` asks again whether the log has come as far as asked (a runner that
-#: reads only some kinds, asked about a sequence past the log's end).
-REACH_POLL_S = 0.05
 
 _meta = MetaData()
 checkpoints = Table(
@@ -337,11 +334,9 @@ class ProjectionRunner(Generic[S]):
     `after_event(recorded, live)` runs after each event is folded, `live` once the runner has
     caught up with what was in the log when it started; `caught_up` is set at that moment.
 
-    `kinds` names the event kinds that `evolve` and `after_event` read (None: all). Only
-    messages of those kinds are read from the log (`subjects`: the server filters them), so
-    `applied_seq` is the last of them folded; `reached` tells whether the state has folded
-    the log up to any sequence. The services that read the other kinds validate them and
-    dead-letter what is invalid.
+    `kinds` names the event kinds that `evolve` and `after_event` read (None: all). Messages of
+    other kinds are passed over undecoded (their sequence still counts as applied); the
+    services that read them validate them and dead-letter what is invalid.
 
     Changed rows are written every `batch_size` events and every `flush_interval` seconds
     once caught up, in a worker thread; during the catch-up, every `catch_up_batch_size`
@@ -372,10 +367,6 @@ class ProjectionRunner(Generic[S]):
         self.after_event = after_event
         self.on_caught_up = on_caught_up
         self.kinds = kinds
-        #: What the runner reads of the log: `grove.<kind>.>` for each kind it reads.
-        self.subjects: list[str] = (
-            ["grove.>"] if kinds is None else [f"grove.{kind}.>" for kind in sorted(kinds)]
-        )
         self.batch_size = batch_size
         self.catch_up_batch_size = catch_up_batch_size
         self.flush_interval = flush_interval
@@ -487,7 +478,7 @@ class ProjectionRunner(Generic[S]):
         """Replay from checkpoint + 1, then follow the log until cancelled (writing then)."""
         self.load()
         started = time.perf_counter()
-        if await self.log.last_matching(self.subjects) <= self.applied_seq:
+        if await self.log.last_seq() <= self.applied_seq:
             await self._mark_caught_up(started)
         else:
             _COLLECTIONS.enter()
@@ -540,7 +531,7 @@ class ProjectionRunner(Generic[S]):
         next_seq = self.applied_seq + 1
         helper = self.log.helper
         if helper is not None:
-            last = await self.log.last_matching(self.subjects)
+            last = await self.log.last_seq()
             if last - self.applied_seq >= helper.min_events:
                 log.info(
                     "%s: %s events behind; a helper process reads them",
@@ -548,12 +539,7 @@ class ProjectionRunner(Generic[S]):
                     last - self.applied_seq,
                 )
                 helped = read_in_helper(
-                    helper.access,
-                    self.log.stream,
-                    next_seq,
-                    last,
-                    subjects=self.subjects,
-                    name=f"{self.name}-catch-up",
+                    helper.access, self.log.stream, next_seq, last, name=f"{self.name}-catch-up"
                 )
                 try:
                     async for raw in helped:
@@ -564,52 +550,30 @@ class ProjectionRunner(Generic[S]):
                     log.warning("%s: %s; reading on from seq %s here", self.name, exc, next_seq)
                 finally:
                     await helped.aclose()
-        replay = self.log.read(next_seq, subjects=self.subjects, follow=True)
+        replay = self.log.read(next_seq, follow=True)
         try:
             async for raw in replay:
                 yield raw
         finally:
             await replay.aclose()
 
-    async def reached(self, seq: int, timeout: float, *, subject: str | None = None) -> bool:
+    async def reached(self, seq: int, timeout: float) -> bool:
         """Wait until the state has folded the log up to `seq`; False if it has not within
-        `timeout` seconds.
-
-        A runner that reads only some kinds asks the log for the next message it reads after
-        the last it folded: when there is none up to `seq` (and the log has come that far),
-        it has reached `seq`. It need not ask when `subject`, that of the message at `seq`,
-        is one it reads.
-        """
+        `timeout` seconds."""
         if self.applied_seq >= seq:
             return True
-        try:
-            async with asyncio.timeout(timeout):
-                if self.kinds is None or (subject is not None and self._reads(subject)):
-                    await self._applied(seq)
-                    return True
-                while True:
-                    nearest = await self.log.next_matching(self.subjects, self.applied_seq + 1)
-                    if nearest is not None and nearest <= seq:
-                        await self._applied(nearest)
-                    elif nearest is not None or await self.log.last_seq() >= seq:
-                        return True
-                    else:  # the log itself has not come that far yet
-                        await asyncio.sleep(REACH_POLL_S)
-        except TimeoutError:
-            return False
-
-    async def _applied(self, seq: int) -> None:
-        """Until `applied_seq` is at least `seq`."""
-        if self.applied_seq >= seq:
-            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (seq, next(self._reach_tickets), future)
         heapq.heappush(self._reach_waiters, entry)
         try:
-            await future
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            return False
         finally:
             if not future.done():
                 future.cancel()  # dropped from the heap when it comes to the top
+        return True
 
     def _wake_reached(self) -> None:
         waiters = self._reach_waiters

@@ -64,7 +64,7 @@ from grove_core.records import Recorded
 from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
-from grove_events import ArtifactEvent, new_id, subject_for
+from grove_events import ArtifactEvent, new_id
 from grove_events.envelope import TOKEN_PATTERN
 
 log = logging.getLogger(__name__)
@@ -222,9 +222,11 @@ class ArtifactStore:
             after_event=self._after_event,
             kinds=PROJECTION_KINDS,
         )
+        self.seen_seq = 0
         self.uploads: dict[str, Upload] = {}
         #: tree id -> bytes of the uploads in progress in it
         self.reserved: Counter[str] = Counter()
+        self._progress = asyncio.Event()
         self._blob_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -250,8 +252,11 @@ class ArtifactStore:
         return self.runner.state
 
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
+        self.seen_seq = recorded.seq
         if isinstance(recorded.event, ArtifactEvent):
             self.update_gauges()
+        self._progress.set()
+        self._progress = asyncio.Event()
 
     def update_gauges(self) -> None:
         """Set the stored bytes and counts from the index."""
@@ -259,17 +264,24 @@ class ArtifactStore:
         BLOB_BYTES.set(self.state.blob_bytes)
         ARTIFACTS.set(self.state.total_count)
 
-    async def wait_applied(
-        self, seq: int, timeout: float = MAX_WAIT_S, *, subject: str | None = None
-    ) -> None:
-        """Wait until the index has folded the log to `seq` (`subject`: that of the message
-        at `seq`, when known); refused after `timeout`."""
-        if not await self.runner.reached(seq, timeout, subject=subject):
-            raise Refused(
-                "behind",
-                f"the artifact index has folded the log to seq {self.runner.applied_seq}, not "
-                f"yet {seq}; retry in a moment",
-            )
+    def applied(self) -> int:
+        """How far the log has been folded."""
+        return max(self.seen_seq, self.runner.applied_seq)
+
+    async def wait_applied(self, seq: int, timeout: float = MAX_WAIT_S) -> None:
+        """Wait until the index has folded the log to `seq`; refused after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.applied() < seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Refused(
+                    "behind",
+                    f"the artifact index has folded the log to seq {self.applied()}, not yet "
+                    f"{seq}; retry in a moment",
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -499,7 +511,7 @@ class ArtifactStore:
                 sha256=sha256,
             )
             appended = await self.log.append(event)
-            await self.wait_applied(appended.seq, subject=subject_for("artifact", event.agent_id))
+            await self.wait_applied(appended.seq)
         stored = self.state.artifacts.get(event.artifact_id)
         if stored is None or stored.deleted:
             raise Refused(
@@ -600,7 +612,7 @@ class ArtifactStore:
                     sha256=entry.sha256,
                 )
             )
-            await self.wait_applied(appended.seq, subject=subject_for("artifact", agent_id))
+            await self.wait_applied(appended.seq)
             if self.state.blob_refs[entry.sha256] == 0:
                 await self.blobs.delete(entry.sha256)
         return {"deleted": artifact_row(self.state.artifacts[artifact_id])}

@@ -403,7 +403,7 @@ class Spawner:
         """What the projection knows of the agent whose spawn is admitted, once it has folded
         the log up to the admission (None: it does not know that spawn, or is too far
         behind)."""
-        if not await self.runner.reached(admitted.seq, FRESH_WAIT_S, subject=admitted.subject):
+        if not await self.runner.reached(admitted.seq, FRESH_WAIT_S):
             return None
         return self.fresh.get(status.agent_id, status.causation_id)
 
