@@ -5,13 +5,23 @@ of, and never over an end the agent reported on another path."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from grove_core.log import EventLog
-from grove_core.records import Recorded
-from grove_events import AgentConfig, SpawnEvent, StatusEvent, StatusPayload, new_id, subject_for
+from grove_core.log import Appended, EventLog, LogError
+from grove_core.records import RawRecord, Recorded
+from grove_events import (
+    AgentConfig,
+    Event,
+    SpawnEvent,
+    StatusEvent,
+    StatusPayload,
+    new_id,
+    subject_for,
+)
+from grove_spawner import service
 from grove_spawner.runtimes import Outcome
 from grove_spawner.service import RunningAgent, Spawner
 
@@ -112,3 +122,34 @@ async def test_an_end_of_an_earlier_instance_does_not_count(event_log: EventLog)
         ("completed", "the first run"),
         ("completed", "done"),
     ]
+
+
+class AckLostOnce:
+    """The log, but the first append's acknowledgement is lost after the append is stored."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.lost = False
+
+    async def append(self, event: Event, **guard: Any) -> Appended:
+        appended = await self.log.append(event, **guard)
+        if not self.lost:
+            self.lost = True
+            raise LogError("no acknowledgement (lost on the way back)")
+        return appended
+
+    async def get_last(self, subject: str) -> RawRecord | None:
+        return await self.log.get_last(subject)
+
+
+async def test_a_notice_stored_but_not_acknowledged_is_not_said_twice(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "TERMINATE_RETRY_S", 0.01)
+    spawner, agent = await started_agent(event_log, "unsure")
+    flaky = AckLostOnce(event_log)
+    spawner.log = flaky  # type: ignore[assignment]
+    await spawner._report_silent_completion(agent, Outcome(completed=True, summary="done"), 0)
+    assert flaky.lost
+    # Stored once: the retry loses its guard to the notice itself.
+    assert await statuses(event_log, "unsure") == [("started", ""), ("completed", "done")]
