@@ -4,31 +4,19 @@ admission, however its JSON is written."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import get_args
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from grove_events import StatusEvent, StatusPayload, decode, encode, new_id
+from grove_events.kinds import StatusType
 from grove_spawner.domain import may_be_admission
 
 pytestmark = pytest.mark.unit
 
-STATUS_TYPES = [
-    "queued",
-    "admitted",
-    "rejected",
-    "started",
-    "checkpoint",
-    "blocked",
-    "discovery",
-    "completed",
-    "failed",
-    "stopped",
-    "resumed",
-    "timeout_notice",
-    "paused",
-]
+STATUS_TYPES = get_args(StatusType)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 

@@ -130,7 +130,7 @@ ADMISSIONS = Counter(
     "not folded in time).",
     ["answered_by"],
 )
-SILENT_COMPLETION_READS = Counter(
+COMPLETION_GUARDS_LOST = Counter(
     "grove_spawner_completion_guard_lost_total",
     "Appends of the completion said for an agent that ended well without saying so that lost "
     "their guard (a status of the agent the spawner had not folded yet), each followed by a "
@@ -674,7 +674,7 @@ class Spawner:
             try:
                 await self._append_until_stored(notice, expect_last_seq=expect)
             except ConcurrencyConflict:
-                SILENT_COMPLETION_READS.inc()
+                COMPLETION_GUARDS_LOST.inc()
             else:
                 return
             newest = await self._read_until_answered(subject)
