@@ -12,6 +12,7 @@ gets the binary.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -76,6 +77,18 @@ class NatsEndpoint:
         """Start the same server again, same port and store."""
         assert self.server is not None, "only a local nats-server can be restarted (`local_nats`)"
         self.server.start()
+
+    @contextlib.contextmanager
+    def silent(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) for the block: connections stay open, nothing answers."""
+        assert self.server is not None, "only a local nats-server can be stopped (`local_nats`)"
+        assert self.server.process is not None
+        pid = self.server.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
 
 def docker_mode() -> str:

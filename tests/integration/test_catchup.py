@@ -291,6 +291,54 @@ async def test_a_helper_whose_reader_is_gone_exits(
                 helper.wait()
 
 
+@pytest.mark.local_nats
+async def test_a_helper_whose_reader_goes_while_the_server_is_silent_exits(
+    event_log: EventLog, nats_server: NatsEndpoint
+) -> None:
+    await append_spawns(event_log, EVENTS, "silent")
+    helper = start_helper(
+        {
+            "access": {"url": nats_server.url},
+            "stream": event_log.stream,
+            "name": "silent",
+            "from_seq": 1,
+            "until_seq": EVENTS,
+        }
+    )
+    try:
+        assert helper.stdout is not None
+        assert helper.stdin is not None
+        assert int.from_bytes(helper.stdout.read(4), "big") > 0  # blocked on the full pipe
+        with nats_server.silent():
+            helper.stdin.close()
+            helper.stdout.close()
+            # Nothing it could wait for from the server keeps it: no helper outlives its reader.
+            assert await asyncio.to_thread(helper.wait, catchup.STOP_WITHIN + 3) == 1
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
+
+
+@pytest.mark.local_nats
+async def test_a_reader_closes_without_waiting_for_a_silent_server(
+    nats_server: NatsEndpoint, event_log: EventLog
+) -> None:
+    await append_spawns(event_log, 10, "closing")
+    reader = await EventLog.connect(nats_server.url, name="closing")
+    records = reader.read(1, follow=True)
+    assert (await anext(records)).seq == 1  # a live subscription
+    loop = asyncio.get_running_loop()
+    with nats_server.silent():
+        started = loop.time()
+        await reader.close(drain=False)
+        took = loop.time() - started
+    await records.aclose()
+    # A drain would wait for the server's answer: nats-py's flush timeout, 10 s.
+    assert took < 5.0
+    assert reader.nc.is_closed
+
+
 @pytest.mark.parametrize("given", ["an empty pipe", "no pipe"])
 def test_a_helper_told_nothing_exits_at_once(given: str) -> None:
     helper = subprocess.Popen(

@@ -49,6 +49,8 @@ MAX_FRAME = FRAME_RECORDS * (2 << 20)
 #: reading at twice this). The helper then blocks on the full pipe, stops taking messages,
 #: and the server's flow control holds the rest: a slow fold never holds the log in memory.
 READ_AHEAD = 1 << 20
+#: Seconds a helper whose reader is gone gives its connection to close before it exits anyway.
+STOP_WITHIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -166,23 +168,25 @@ async def _send(instructions: dict[str, Any], sent: asyncio.Event) -> None:
         **access.options(),
     )
     out = sys.stdout.buffer
+    records = event_log.read(instructions["from_seq"], until_seq=instructions["until_seq"])
     try:
         batch: list[tuple[Any, ...]] = []
-        async for raw in event_log.read(
-            instructions["from_seq"], until_seq=instructions["until_seq"]
-        ):
-            milliseconds = round(raw.timestamp.timestamp() * 1000)
-            batch.append((raw.seq, raw.subject, raw.data, milliseconds, raw.headers, raw.pending))
-            if len(batch) >= FRAME_RECORDS:
-                out.write(_frame(batch))  # blocks while the pipe is full: the reader's pace
-                batch = []
+        async with contextlib.aclosing(records):  # its subscription ends with the sending
+            async for raw in records:
+                milliseconds = round(raw.timestamp.timestamp() * 1000)
+                batch.append(
+                    (raw.seq, raw.subject, raw.data, milliseconds, raw.headers, raw.pending)
+                )
+                if len(batch) >= FRAME_RECORDS:
+                    out.write(_frame(batch))  # blocks while the pipe is full: the reader's pace
+                    batch = []
         if batch:
             out.write(_frame(batch))
         out.write((0).to_bytes(_PREFIX, "big"))
         out.flush()
         sent.set()
     finally:
-        await event_log.close()
+        await event_log.close(drain=False)  # it published nothing
 
 
 async def _main() -> int:
@@ -200,7 +204,16 @@ async def _main() -> int:
     await asyncio.wait({sender, orphaned}, return_when=asyncio.FIRST_COMPLETED)
     if not sender.done():
         # The reader closed its end: done with what was sent, or gone before the end.
-        return 0 if sent.is_set() else 1
+        code = 0 if sent.is_set() else 1
+        sender.cancel()
+        _, pending = await asyncio.wait({sender}, timeout=STOP_WITHIN)
+        if pending:  # never outlive the reader, whatever the connection waits for
+            log.error("the reader is gone and the connection did not close; exiting")
+            logging.shutdown()
+            os._exit(code)
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            sender.result()  # a broken pipe is the reader's going, told by the code
+        return code
     sender.result()
     return 0
 

@@ -204,10 +204,18 @@ class EventLog:
             ) from None
         return cls(nc, nc.jetstream(timeout=10.0), definition)
 
-    async def close(self) -> None:
-        """Flush pending publishes and close the connection."""
+    async def close(self, *, drain: bool = True) -> None:
+        """Flush pending publishes and close the connection.
+
+        `drain=False` closes at once, for a reader that publishes nothing: a drain waits for the
+        server's answer, and when cancelled it still waits for it (up to nats-py's flush
+        timeout, 10 s), even once the connection's read loop is gone.
+        """
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            if drain:
+                await self.nc.drain()
+            else:
+                await self.nc.close()
 
     async def ensure_stream(self) -> js_api.StreamInfo:
         """Create the stream, or update it to the definition (used by set-up, not by services)."""
