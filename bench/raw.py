@@ -3,11 +3,19 @@
 Each figure is what AgentGrove's own figure is compared with: one awaited JetStream publish,
 a two-hop publish → consumer → publish → consumer round trip (the shape of spawn → admitted →
 started), pipelined `publish_async` throughput, and ordered-consumer replay throughput.
+
+The two-hop's relay runs in the benchmark's own process. Two more round trips put each relay in
+a process of its own (`bench.relay`), as AgentGrove's services are: a two-hop, and a three-hop
+through two relays, which has spawn → started's own shape (three appends, three deliveries,
+three processes). They show what crossing processes costs on the machine; the goals keep the
+in-process two-hop as their baseline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import sys
 import time
 from typing import Any
 
@@ -89,6 +97,70 @@ async def two_hop(
     finally:
         await hop1.unsubscribe()
         await hop2.unsubscribe()
+    return latency_summary(samples)
+
+
+async def relayed_round_trip(
+    client: NatsClient, url: str, relays: int, count: int, warmup: int = 20
+) -> dict[str, Any]:
+    """Round trip through `relays` relay processes in a chain: the client publishes to the
+    first, each relay's consumer receives and publishes to the next subject, and the client's
+    consumer receives from the last relay. `relays + 1` appends and deliveries in all."""
+    subjects = [f"bench.chain{relays}.{step}" for step in range(relays + 1)]
+    processes: list[asyncio.subprocess.Process] = []
+    try:
+        for source, target in itertools.pairwise(subjects):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.relay",
+                url,
+                source,
+                target,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            processes.append(process)
+            assert process.stdout is not None
+            ready = await asyncio.wait_for(process.stdout.readline(), PER_MESSAGE_TIMEOUT_S)
+            if not ready:
+                raise RuntimeError(f"relay {source} → {target} exited before it listened")
+        return await _round_trips(client, subjects[0], subjects[-1], count, warmup)
+    finally:
+        for process in processes:
+            if process.stdin is not None:
+                process.stdin.close()  # a relay stops when its input closes
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 10.0)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _round_trips(
+    client: NatsClient, first: str, last: str, count: int, warmup: int
+) -> dict[str, Any]:
+    """Latency of publishing to `first` until the message comes back on `last`, one at a time."""
+    js = client.jetstream()
+    arrived = asyncio.Queue[float]()
+
+    async def back(msg: Msg) -> None:
+        arrived.put_nowait(time.perf_counter())
+
+    sub = await js.subscribe(
+        last, cb=back, ordered_consumer=True, deliver_policy=js_api.DeliverPolicy.NEW
+    )
+    samples: list[float] = []
+    try:
+        for index in range(warmup + count):
+            started = time.perf_counter()
+            await js.publish(first, PAYLOAD, headers={MSG_ID: f"{first}-{index}"})
+            done = await asyncio.wait_for(arrived.get(), PER_MESSAGE_TIMEOUT_S)
+            if index >= warmup:
+                samples.append(done - started)
+    finally:
+        await sub.unsubscribe()
     return latency_summary(samples)
 
 

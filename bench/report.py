@@ -70,6 +70,26 @@ def figures(results: dict[str, Any]) -> list[dict[str, Any]]:
                 met=p99 <= 3 * hop["p99_ms"],
             )
         )
+        # Context, not goals: the same round trips with each relay in its own process.
+        for name, key in (
+            ("two-hop, relay in its own process", "two_hop_processes"),
+            ("three-hop, two relay processes", "three_hop_processes"),
+        ):
+            for quantile in ("p50", "p99"):
+                out.append(
+                    _figure(f"{tag} raw {name} {quantile}", raw[key][f"{quantile}_ms"], "ms")
+                )
+        across = raw["three_hop_processes"]
+        for quantile, value in (("p50", p50), ("p99", p99)):
+            out.append(
+                _figure(
+                    f"{tag} spawn→started {quantile}, against its own shape",
+                    value,
+                    "ms",
+                    baseline=across[f"{quantile}_ms"],
+                    baseline_name=f"raw three-hop {quantile}",
+                )
+            )
         out.append(
             _figure(
                 f"{tag} burst spawn→terminate",

@@ -128,6 +128,12 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
             out["raw"] = {
                 "awaited_publish": await raw.awaited_publish(client, counts.latency_samples),
                 "two_hop": await raw.two_hop(relay, client, counts.latency_samples),
+                "two_hop_processes": await raw.relayed_round_trip(
+                    client, server.url, 1, counts.latency_samples
+                ),
+                "three_hop_processes": await raw.relayed_round_trip(
+                    client, server.url, 2, counts.latency_samples
+                ),
                 "publish_async": await raw.pipelined_publish(client, counts.async_msgs),
             }
         finally:
