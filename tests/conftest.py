@@ -182,7 +182,9 @@ StackFactory = Callable[..., Stack]
 
 
 @pytest.fixture
-def make_stack(nats_server: NatsEndpoint, tmp_path: Path) -> Iterator[StackFactory]:
+def make_stack(
+    nats_server: NatsEndpoint, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[StackFactory]:
     """Start the services as processes against the test's nats-server."""
     stacks: list[Stack] = []
 
@@ -210,3 +212,33 @@ def make_stack(nats_server: NatsEndpoint, tmp_path: Path) -> Iterator[StackFacto
     finally:
         for stack in stacks:
             stack.stop()
+        if _failed(request):
+            for stack in stacks:
+                _print_log_tails(stack.data_dir / "logs")
+
+
+#: Lines of each service's log shown under a failed test that ran a stack.
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the test, for fixtures that say more when it failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return any(
+        getattr(request.node, f"report_{when}", None) is not None
+        and getattr(request.node, f"report_{when}").failed
+        for when in ("setup", "call")
+    )
+
+
+def _print_log_tails(folder: Path) -> None:
+    """The end of each log in `folder`, printed: pytest shows it with the test's failure."""
+    for path in sorted(folder.glob("*.log")):
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        print(f"--- last {len(lines)} lines of {path.name} ---", *lines, sep="\n")

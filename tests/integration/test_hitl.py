@@ -323,7 +323,19 @@ async def answer_next(
                 return pending[0]
             await asyncio.sleep(0.1)
 
-    request = await asyncio.wait_for(asked(), timeout)
+    asking = asyncio.ensure_future(asked())
+    ending = asyncio.ensure_future(client.wait(agent_id))
+    try:
+        await asyncio.wait({asking, ending}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (asking, ending):
+            task.cancel()
+    if not asking.cancelled() and asking.done():
+        request = asking.result()
+    elif not ending.cancelled() and ending.done():
+        pytest.fail(f"agent {agent_id} ended before it asked: {ending.result()}")
+    else:
+        pytest.fail(f"agent {agent_id} asked nothing within {timeout:g} s")
     await client.answer(request["request_id"], answer)
     return request
 
