@@ -7,8 +7,9 @@ started), pipelined `publish_async` throughput, and ordered-consumer replay thro
 The two-hop's relay runs in the benchmark's own process. Two more round trips put each relay in
 a process of its own (`bench.relay`), as AgentGrove's services are: a two-hop, and a three-hop
 through two relays, which has spawn → started's own shape (three appends, three deliveries,
-three processes). They show what crossing processes costs on the machine; the goals keep the
-in-process two-hop as their baseline.
+three processes), alone and with three more processes that read every message of the chain
+without answering (as AgentGrove's other services read every event). They show what crossing
+processes costs on the machine; the goals keep the in-process two-hop as their baseline.
 """
 
 from __future__ import annotations
@@ -101,30 +102,27 @@ async def two_hop(
 
 
 async def relayed_round_trip(
-    client: NatsClient, url: str, relays: int, count: int, warmup: int = 20
+    client: NatsClient,
+    url: str,
+    relays: int,
+    count: int,
+    *,
+    warmup: int = 20,
+    listeners: int = 0,
 ) -> dict[str, Any]:
     """Round trip through `relays` relay processes in a chain: the client publishes to the
     first, each relay's consumer receives and publishes to the next subject, and the client's
-    consumer receives from the last relay. `relays + 1` appends and deliveries in all."""
-    subjects = [f"bench.chain{relays}.{step}" for step in range(relays + 1)]
+    consumer receives from the last relay. `relays + 1` appends and deliveries in all.
+
+    With `listeners`, that many more processes read every message of the chain and answer
+    none, as the services that fold each event without acting on it."""
+    subjects = [f"bench.chain{relays}x{listeners}.{step}" for step in range(relays + 1)]
     processes: list[asyncio.subprocess.Process] = []
     try:
         for source, target in itertools.pairwise(subjects):
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bench.relay",
-                url,
-                source,
-                target,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-            )
-            processes.append(process)
-            assert process.stdout is not None
-            ready = await asyncio.wait_for(process.stdout.readline(), PER_MESSAGE_TIMEOUT_S)
-            if not ready:
-                raise RuntimeError(f"relay {source} → {target} exited before it listened")
+            processes.append(await _relay_process(url, source, target))
+        for _ in range(listeners):
+            processes.append(await _relay_process(url, f"bench.chain{relays}x{listeners}.*"))
         return await _round_trips(client, subjects[0], subjects[-1], count, warmup)
     finally:
         for process in processes:
@@ -136,6 +134,32 @@ async def relayed_round_trip(
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+async def _relay_process(
+    url: str, source: str, target: str | None = None
+) -> asyncio.subprocess.Process:
+    """A `bench.relay` process (a listener without `target`), once its consumer listens."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.relay",
+        url,
+        source,
+        *([target] if target else []),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        ready = await asyncio.wait_for(process.stdout.readline(), PER_MESSAGE_TIMEOUT_S)
+    except TimeoutError:
+        ready = b""
+    if not ready:
+        process.kill()
+        await process.wait()
+        raise RuntimeError(f"relay {source} → {target or '(listener)'} did not start listening")
+    return process
 
 
 async def _round_trips(

@@ -1,18 +1,22 @@
-"""A raw relay in its own process: `python -m bench.relay URL SOURCE TARGET`.
+"""A raw relay in its own process: `python -m bench.relay URL SOURCE [TARGET]`.
 
 It reads SOURCE with an ordered consumer and publishes each message again to TARGET, as the
 in-process relay of `raw.two_hop` does, but from another process, as each AgentGrove service
-is. It says `ready` on standard output once it listens and stops when its standard input
-closes, so it never outlives the benchmark that started it.
+is. Without TARGET it only reads (a listener: a process that is woken by every message but
+answers none, as the services that fold an event they do not act on). It says `ready` on
+standard output once it listens and stops when its standard input closes, so it never
+outlives the benchmark that started it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 
 import nats
 import uvloop
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
@@ -22,17 +26,14 @@ from bench.raw import MSG_ID
 READY = b"ready\n"
 
 
-async def relay(url: str, source: str, target: str) -> None:
-    """Forward `source` to `target` until standard input closes."""
+async def relay(url: str, source: str, target: str | None) -> None:
+    """Forward `source` to `target` (or only read it) until standard input closes."""
     nc = await nats.connect(url, name=f"bench-relay-{source}")
-    js = nc.jetstream()
-
-    async def forward(msg: Msg) -> None:
-        key = (msg.headers or {}).get(MSG_ID, "")
-        await js.publish(target, msg.data, headers={MSG_ID: f"{key}-{target}"})
-
-    sub = await js.subscribe(
-        source, cb=forward, ordered_consumer=True, deliver_policy=js_api.DeliverPolicy.NEW
+    sub = await nc.jetstream().subscribe(
+        source,
+        cb=_listen if target is None else _forwarder(nc, target),
+        ordered_consumer=True,
+        deliver_policy=js_api.DeliverPolicy.NEW,
     )
     loop = asyncio.get_running_loop()
     closed = asyncio.StreamReader()
@@ -46,12 +47,28 @@ async def relay(url: str, source: str, target: str) -> None:
         await nc.close()
 
 
+def _forwarder(nc: NatsClient, target: str) -> Callable[[Msg], Awaitable[None]]:
+    """A callback that publishes each message again to `target` and waits for its ack."""
+    js = nc.jetstream()
+
+    async def forward(msg: Msg) -> None:
+        key = (msg.headers or {}).get(MSG_ID, "")
+        await js.publish(target, msg.data, headers={MSG_ID: f"{key}-{target}"})
+
+    return forward
+
+
+async def _listen(msg: Msg) -> None:
+    """A listener's callback: the message was delivered and read; nothing more."""
+
+
 def main() -> None:
     """Entry point of a relay process."""
-    if len(sys.argv) != 4:
-        print("usage: python -m bench.relay URL SOURCE TARGET", file=sys.stderr)
+    if len(sys.argv) not in (3, 4):
+        print("usage: python -m bench.relay URL SOURCE [TARGET]", file=sys.stderr)
         sys.exit(2)
-    uvloop.run(relay(*sys.argv[1:]))
+    url, source, *target = sys.argv[1:]
+    uvloop.run(relay(url, source, target[0] if target else None))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ from grove_core.natsserver import LocalNatsServer
 from grove_core.settings import NatsAccess, ServiceSettings
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+#: Processes that read each event of spawn → started without acting on it: the router and the
+#: artifact-store read all three, and the governor or the spawner's projection the ones the
+#: other acts on.
+LISTENERS = 3
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
                 ),
                 "three_hop_processes": await raw.relayed_round_trip(
                     client, server.url, 2, counts.latency_samples
+                ),
+                "three_hop_listened": await raw.relayed_round_trip(
+                    client, server.url, 2, counts.latency_samples, listeners=LISTENERS
                 ),
                 "publish_async": await raw.pipelined_publish(client, counts.async_msgs),
             }

@@ -43,7 +43,12 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert runs["always"]["server"]["sync_always"] is True
     counts = results["meta"]["counts"]
     for run in runs.values():
-        for trip in ("two_hop", "two_hop_processes", "three_hop_processes"):
+        for trip in (
+            "two_hop",
+            "two_hop_processes",
+            "three_hop_processes",
+            "three_hop_listened",
+        ):
             assert run["raw"][trip]["samples"] == counts["latency_samples"]
         assert run["spawn_to_started"]["samples"] == counts["spawn_samples"]
         burst = run["burst"]
