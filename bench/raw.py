@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
@@ -62,43 +63,29 @@ async def two_hop(
     relay: NatsClient, client: NatsClient, count: int, warmup: int = 20
 ) -> dict[str, Any]:
     """Round trip: the client publishes, a relay's consumer receives and publishes again, the
-    client's consumer receives. Relay and client have their own connections."""
-    relay_js = relay.jetstream()
-    client_js = client.jetstream()
-    waiting: dict[str, asyncio.Future[float]] = {}
+    client's consumer receives. Relay and client have their own connections, in this process."""
+    hop1 = await relay.jetstream().subscribe(
+        "bench.hop1",
+        cb=forwarder(relay, "bench.hop2"),
+        ordered_consumer=True,
+        deliver_policy=js_api.DeliverPolicy.NEW,
+    )
+    try:
+        return await _round_trips(client, "bench.hop1", "bench.hop2", count, warmup)
+    finally:
+        await hop1.unsubscribe()
+
+
+def forwarder(nc: NatsClient, target: str) -> Callable[[Msg], Awaitable[None]]:
+    """A consumer callback that publishes each message again to `target` and waits for its
+    acknowledgement: a relay's whole work."""
+    js = nc.jetstream()
 
     async def forward(msg: Msg) -> None:
         key = (msg.headers or {}).get(MSG_ID, "")
-        await relay_js.publish("bench.hop2", msg.data, headers={MSG_ID: key + "-back"})
+        await js.publish(target, msg.data, headers={MSG_ID: f"{key}-{target}"})
 
-    async def arrived(msg: Msg) -> None:
-        key = (msg.headers or {}).get(MSG_ID, "").removesuffix("-back")
-        future = waiting.pop(key, None)
-        if future is not None and not future.done():
-            future.set_result(time.perf_counter())
-
-    new = js_api.DeliverPolicy.NEW
-    hop1 = await relay_js.subscribe(
-        "bench.hop1", cb=forward, ordered_consumer=True, deliver_policy=new
-    )
-    hop2 = await client_js.subscribe(
-        "bench.hop2", cb=arrived, ordered_consumer=True, deliver_policy=new
-    )
-    loop = asyncio.get_running_loop()
-    samples: list[float] = []
-    try:
-        for index in range(warmup + count):
-            key = f"hop-{index}"
-            future = waiting[key] = loop.create_future()
-            started = time.perf_counter()
-            await client_js.publish("bench.hop1", PAYLOAD, headers={MSG_ID: key})
-            done = await asyncio.wait_for(future, PER_MESSAGE_TIMEOUT_S)
-            if index >= warmup:
-                samples.append(done - started)
-    finally:
-        await hop1.unsubscribe()
-        await hop2.unsubscribe()
-    return latency_summary(samples)
+    return forward
 
 
 async def relayed_round_trip(

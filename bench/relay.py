@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 
 import nats
 import uvloop
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from bench.raw import MSG_ID
+from bench.raw import forwarder
 
 #: What a relay prints once its consumer listens.
 READY = b"ready\n"
@@ -31,7 +29,7 @@ async def relay(url: str, source: str, target: str | None) -> None:
     nc = await nats.connect(url, name=f"bench-relay-{source}")
     sub = await nc.jetstream().subscribe(
         source,
-        cb=_listen if target is None else _forwarder(nc, target),
+        cb=_listen if target is None else forwarder(nc, target),
         ordered_consumer=True,
         deliver_policy=js_api.DeliverPolicy.NEW,
     )
@@ -45,17 +43,6 @@ async def relay(url: str, source: str, target: str | None) -> None:
     finally:
         await sub.unsubscribe()
         await nc.close()
-
-
-def _forwarder(nc: NatsClient, target: str) -> Callable[[Msg], Awaitable[None]]:
-    """A callback that publishes each message again to `target` and waits for its ack."""
-    js = nc.jetstream()
-
-    async def forward(msg: Msg) -> None:
-        key = (msg.headers or {}).get(MSG_ID, "")
-        await js.publish(target, msg.data, headers={MSG_ID: f"{key}-{target}"})
-
-    return forward
 
 
 async def _listen(msg: Msg) -> None:

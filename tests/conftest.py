@@ -230,11 +230,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _failed(request: pytest.FixtureRequest) -> bool:
-    return any(
-        getattr(request.node, f"report_{when}", None) is not None
-        and getattr(request.node, f"report_{when}").failed
-        for when in ("setup", "call")
-    )
+    reports = (getattr(request.node, f"report_{when}", None) for when in ("setup", "call"))
+    return any(report is not None and report.failed for report in reports)
 
 
 def _print_log_tails(folder: Path) -> None:
