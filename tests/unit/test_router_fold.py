@@ -408,6 +408,24 @@ def test_an_inbox_is_served_up_to_the_first_entry_held_back() -> None:
     assert state.inbox("kid", 7, limit=2, now=later) == entries[7:9]
 
 
+def test_the_pace_follows_the_log_s_time_not_the_sender_s() -> None:
+    """A sender's clock, wrong or forged, moves neither its own message nor anyone's after it."""
+    log = running_tree()
+    log.message("root", "dated a century ahead", to="kid", at=100 * 365 * 86400.0)
+    log.message("root", "dated a day behind", to="kid", at=-86400.0)
+    for i in range(3):
+        log.message("root", f"m{i}", to="kid")
+    # Each was stored a tenth of a second after the one before, whatever its sender wrote on it.
+    for k, index in enumerate(range(len(log.records) - 5, len(log.records))):
+        log.records[index] = log.records[index]._replace(stored_at=T0 + timedelta(seconds=0.1 * k))
+    state = fold(log, message_rate=5)
+    due = [entry.due_at() for entry in state.inbox("kid")]
+    # A burst of five, all within it: nothing is held back, not until 2126 nor at all.
+    assert due == [None] * 5
+    later = T0 + timedelta(seconds=0.5)
+    assert state.inbox("kid", now=later) == state.inbox("kid")
+
+
 def test_without_a_message_rate_nothing_is_paced() -> None:
     log = running_tree()
     for i in range(50):

@@ -36,6 +36,10 @@ class Recorded(NamedTuple):
     seq: int
     subject: str
     event: Event
+    #: When the log stored it (the stream's time, to the millisecond): unlike the event's own
+    #: timestamp, which its producer chose, the same for every reader and every replay. None
+    #: for a record that did not come from the log.
+    stored_at: datetime | None = None
 
 
 def stream_time(value: datetime) -> datetime:
@@ -103,7 +107,7 @@ def record_of(msg: Msg) -> RawRecord:
 def decode_record(record: RawRecord) -> Recorded:
     """Decode a stored message (raises InvalidEvent)."""
     event = decode(record.subject, record.data, record.timestamp)
-    return Recorded(record.seq, record.subject, event)
+    return Recorded(record.seq, record.subject, event, record.timestamp)
 
 
 def is_deadletter(subject: str) -> bool:

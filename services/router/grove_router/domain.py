@@ -14,11 +14,12 @@ A child's `failed` status is a notice for its manager: besides `task:<child>` it
 subscribers of `subtree:<child>`, the child's other statuses (progress) do not.
 
 Under `global.max_message_rate`, messages beyond the rate are not dropped but paced: a token
-bucket kept on the messages' own timestamps (the generic cell rate algorithm, a burst of
-`max(1, rate)`) gives each message the moment it may be read, `not_before`, on every entry it
-makes. The inbox served to an agent stops at the first entry not due yet, so paced messages
+bucket kept on the times the log stored the messages (the generic cell rate algorithm, a burst
+of `max(1, rate)`) gives each message the moment it may be read, `not_before`, on every entry
+it makes. The inbox served to an agent stops at the first entry not due yet, so paced messages
 are read later and in log order. The same log and the same rate give the same moments on
-every replay.
+every replay. The stream's time, not the message's own timestamp, which its sender chose: a
+message dated years ahead would otherwise have held every later message back until then.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ INBOX_CURSOR_DETAIL = "inbox_cursor"
 NOTICE_STATUSES = frozenset({"failed"})
 #: The row of the message rate's bucket.
 PACE_KEY = "pace:messages"
-#: The events' timestamps count microseconds.
+#: A moment this close to the storage time is that time (float sums drift by less).
 TIMESTAMP_RESOLUTION_S = 1e-6
 
 
@@ -97,7 +98,7 @@ class InboxEntry:
 
 @dataclass(slots=True)
 class MessagePace:
-    """The global message rate's bucket, as a theoretical arrival time on event time.
+    """The global message rate's bucket, as a theoretical arrival time on the stream's time.
 
     Each message is given the moment it may be delivered: at once while the burst lasts, then
     one every `1 / rate` seconds after the one before, in log order.
@@ -344,7 +345,7 @@ def evolve(
                 state.touch(f"route:{event.agent_id}")
             _route(state, event, recorded.seq, _terminate_addresses(state, event))
         case MessageEvent():
-            not_before = _pace(state, event, message_rate)
+            not_before = _pace(state, recorded.stored_at or event.timestamp, message_rate)
             addresses = _message_addresses(state, event)
             _route(state, event, recorded.seq, addresses, not_before=not_before)
         case ControlEvent():
@@ -419,14 +420,15 @@ def _on_status(state: RouterState, event: StatusEvent, seq: int) -> None:
     _route(state, event, seq, addresses)
 
 
-def _pace(state: RouterState, event: MessageEvent, rate: float | None) -> str | None:
-    """When the message may be read under the message rate (None: at once)."""
-    if rate is None or event.timestamp is None:
+def _pace(state: RouterState, stored_at: datetime | None, rate: float | None) -> str | None:
+    """When a message the log stored at `stored_at` may be read under the message rate (None:
+    at once)."""
+    if rate is None or stored_at is None:
         return None
-    sent = _utc(event.timestamp).timestamp()
+    sent = _utc(stored_at).timestamp()
     release = state.pace.pace(sent, rate)
     state.touch(PACE_KEY)
-    if release - sent < TIMESTAMP_RESOLUTION_S:  # float sums drift by less than that
+    if release - sent < TIMESTAMP_RESOLUTION_S:
         return None
     state.paced_s = release - sent
     return datetime.fromtimestamp(release, UTC).isoformat()
