@@ -233,6 +233,11 @@ class RunningAgent:
     canceller: asyncio.Task[None] | None = None
     #: The run ignored cancellation past the grace; its end was appended without it.
     abandoned: bool = False
+    #: The run's task has taken its first step: before it, a cancellation would end the task
+    #: without running any of `_run`, its end included, so a stop is left for `_run` to see.
+    began: bool = False
+    #: The run is appending its end: cancelling it now could lose that append.
+    ending: bool = False
 
 
 def cut_to_budget(text: str, budget: int) -> tuple[str, bool]:
@@ -544,6 +549,12 @@ class Spawner:
     # -- running -----------------------------------------------------------------------------
 
     async def _run(self, agent: RunningAgent) -> None:
+        agent.began = True
+        if agent.stop_reason is not None or agent.ended_elsewhere:
+            # Stopped, or ended elsewhere, after the task was made and before its first step
+            # (see `_interrupt`): it ends the way a cancelled run does.
+            await self._end_cancelled(agent, agent.tokens_before)
+            return
         spawn = agent.spawn
         runtime = RUNTIMES.get(spawn.config.runtime)
         context: AgentContext | None = None
@@ -584,18 +595,15 @@ class Spawner:
             else:
                 outcome = await runtime.run(run)
         except asyncio.CancelledError:
-            self._forget(agent)
-            if not agent.ended_elsewhere:
-                tokens = context.tokens if context is not None else agent.tokens_before
-                await self._terminate(
-                    agent, "stopped", summary=agent.stop_reason or "stopped", tokens=tokens
-                )
+            tokens = context.tokens if context is not None else agent.tokens_before
+            await self._end_cancelled(agent, tokens)
             return
         except Exception as exc:
             log.exception("runtime crashed for %s", spawn.agent_id)
             outcome = Outcome(completed=False, error=f"runtime error: {exc!r}")
         finally:
             self._forget(agent)
+        agent.ending = True
         if agent.abandoned:
             log.warning("%s: its abandoned run ended at last; its end was appended", spawn.agent_id)
             return
@@ -610,6 +618,15 @@ class Spawner:
             metrics.RUNTIME_ERRORS.labels(spawn.config.runtime).inc()
             await self._report_failure(agent, outcome, tokens)
             await self._terminate(agent, "failed", error=outcome.error, tokens=tokens)
+
+    async def _end_cancelled(self, agent: RunningAgent, tokens: int) -> None:
+        """End a stopped run: `stopped` on the log, unless its end was decided elsewhere."""
+        agent.ending = True
+        self._forget(agent)
+        if not agent.ended_elsewhere:
+            await self._terminate(
+                agent, "stopped", summary=agent.stop_reason or "stopped", tokens=tokens
+            )
 
     def _forget(self, agent: RunningAgent) -> None:
         """No longer count this instance as running (a newer one of the agent may be)."""
@@ -844,6 +861,18 @@ class Spawner:
         agent.stop_reason = control.reason or "stopped"
         self._cancel(agent)
 
+    @staticmethod
+    def _interrupt(agent: RunningAgent) -> bool:
+        """Cancel the agent's run where a cancellation ends it as stopped; False when it was
+        not cancelled. A run whose task has not taken its first step is left to see the stop
+        itself (cancelled then, the task would end without running `_run` at all, and no end
+        would be appended), and a run appending its end is left to finish that append."""
+        task = agent.task
+        if task is None or task.done() or not agent.began or agent.ending:
+            return False
+        task.cancel()
+        return True
+
     def _cancel(self, agent: RunningAgent) -> None:
         """Cancel the agent's run, and make sure it ends.
 
@@ -852,10 +881,10 @@ class Spawner:
         for, and agent code may catch one. A run still going after a cleanup's time is
         cancelled again, every second; after `stop_grace` its end is appended regardless.
         """
-        task = agent.task
-        if task is None or task.done():
+        if not self._interrupt(agent):
             return
-        task.cancel()
+        task = agent.task
+        assert task is not None
         if agent.canceller is None:
             agent.canceller = asyncio.create_task(
                 self._insist_on_cancel(agent, task), name=f"cancel-{agent.spawn.agent_id}"
@@ -868,8 +897,8 @@ class Spawner:
         wait = RECANCEL_AFTER_S
         while True:
             done, _ = await asyncio.wait([task], timeout=min(wait, deadline - loop.time()))
-            if done:
-                return
+            if done or agent.ending:
+                return  # ended, or appending its end
             if loop.time() >= deadline:
                 break
             log.warning("%s: its run did not end when cancelled; cancelling it again", agent_id)
@@ -1003,7 +1032,7 @@ class Spawner:
         for agent in list(self.running.values()):
             if agent.task is not None:
                 agent.stop_reason = agent.stop_reason or f"spawner {self.spawner_id} shut down"
-                agent.task.cancel()
+                self._interrupt(agent)
         tasks = [a.task for a in self.running.values() if a.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=10)
