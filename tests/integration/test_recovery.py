@@ -253,6 +253,35 @@ async def test_a_deleted_database_is_rebuilt_to_the_same_projection(
         assert after[name][1] == before[name][1], f"{name} rows"
 
 
+async def test_services_whose_stream_was_made_again_fold_the_new_one_from_its_start(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    """The stream is deleted and made again (sequences start at 1 again) while the services'
+    databases stay: each service rebuilds its state from the new log instead of passing over
+    its first events as already folded."""
+    stack = await asyncio.to_thread(make_stack)
+    client = GroveClient(event_log)
+    earlier = [await client.spawn("go", python_agent("quick")) for _ in range(4)]
+    await wait_ended(event_log, earlier, timeout=30)
+    await asyncio.to_thread(stack.stop)
+    before = {name: projection_of(stack.data_dir, name)[0] for name in REBUILT}
+    assert all(seq >= 20 for seq in before.values()), before
+
+    await event_log.js.delete_stream(event_log.stream)
+    await event_log.ensure_stream()
+    await asyncio.to_thread(stack.start)
+    agent = await client.spawn("go", python_agent("quick"))
+    ended = await wait_ended(event_log, [agent], timeout=30)
+    assert ended[agent].reason == "completed"
+    tip = await event_log.last_seq()
+    assert tip < min(before.values())
+
+    after = await asyncio.to_thread(stop_and_read, stack)
+    assert after["router"][0] == after["governor"][0] == tip
+    nodes = {key.removeprefix("node:") for key in after["router"][1] if key.startswith("node:")}
+    assert nodes == {agent}, "the router kept the old stream's agents"
+
+
 # -- malformed messages -------------------------------------------------------------------------
 
 

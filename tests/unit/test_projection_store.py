@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grove_core.projection import ProjectionStore, encode_row, plain
+from grove_core.projection import Origin, ProjectionStore, encode_row, plain
 from grove_router.domain import RouterState
 from grove_router.domain import evolve as evolve_router
 from tests.unit.helpers import Log
@@ -26,6 +26,21 @@ def test_rows_and_checkpoint_round_trip(tmp_path: Path) -> None:
     store.save("gov", 9, {"c": encode_row({"x": [4]}), "b": None})  # rows as JSON text
     assert store.load("gov") == (9, {"c": {"x": [4]}})
     assert store.load("other") == (1, {"a": {"y": 1}})
+    store.close()
+
+
+def test_an_origin_is_recorded_and_a_discard_empties_only_its_projection(tmp_path: Path) -> None:
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    first, second = Origin(log="GROVE made 1", fold="1"), Origin(log="GROVE made 2", fold="1")
+    assert store.origin("gov") is None
+    store.set_origin("gov", first, discard=False)
+    store.save("gov", 5, {"a": {"x": 1}})
+    store.save("other", 3, {"a": {"y": 1}})
+    assert store.origin("gov") == first
+    store.set_origin("gov", second, discard=True)
+    assert store.origin("gov") == second
+    assert store.load("gov") == (0, {})
+    assert store.load("other") == (3, {"a": {"y": 1}})
     store.close()
 
 

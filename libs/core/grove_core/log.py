@@ -244,6 +244,17 @@ class EventLog:
         info = await self.js.stream_info(self.stream)
         return int(info.state.last_seq)
 
+    async def identity(self) -> tuple[str, int]:
+        """Which log this is, and the sequence of its newest message.
+
+        The identity is the stream's name and the time the server made it: a stream deleted
+        and made again under the same name (its sequences start again at 1) has another one,
+        while a restart of the server keeps it.
+        """
+        info = await self.js.stream_info(self.stream)
+        made = info.created.isoformat() if info.created is not None else "unknown"
+        return f"{self.stream} made {made}", int(info.state.last_seq)
+
     # -- appending -----------------------------------------------------------------------
 
     @staticmethod

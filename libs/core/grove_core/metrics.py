@@ -20,6 +20,11 @@ PROJECTION_WRITE_ERRORS = Counter(
     "Writes of a projection the database refused (each retried).",
     ["projection"],
 )
+PROJECTION_REBUILDS = Counter(
+    "grove_projection_rebuilds_total",
+    "Stored projections deleted at start and rebuilt from the log, by cause.",
+    ["projection", "cause"],
+)
 CATCH_UP_HELPER_FAILURES = Counter(
     "grove_catch_up_helper_failures_total",
     "Catch-ups whose helper process stopped early (the projection read on itself).",

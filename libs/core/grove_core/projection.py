@@ -65,6 +65,22 @@ rows_table = Table(
     Column("key", String(256), primary_key=True),
     Column("data", JSON, nullable=False),
 )
+origins = Table(
+    "grove_projection_origins",
+    _meta,
+    Column("projection", String(64), primary_key=True),
+    Column("log", String(256), nullable=False),
+    Column("fold", String(64), nullable=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """What a projection's rows were folded from: a log (`EventLog.identity`) and a version
+    of the fold (`ProjectionRunner(fold_version=)`)."""
+
+    log: str
+    fold: str
 
 
 _ATOMS = (str, int, float, bool, type(None))
@@ -284,6 +300,26 @@ class ProjectionStore:
         if live:
             conn.execute(insert(rows_table) if upsert is None else upsert, live)
 
+    def origin(self, projection: str) -> Origin | None:
+        """What the projection's rows were folded from (None: not recorded)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(origins.c.log, origins.c.fold).where(origins.c.projection == projection)
+            ).first()
+        return None if row is None else Origin(log=row.log, fold=row.fold)
+
+    def set_origin(self, projection: str, origin: Origin, *, discard: bool) -> None:
+        """Record what the projection is folded from; with `discard`, its rows and checkpoint
+        are deleted in the same transaction (it starts again from an empty state)."""
+        with self.engine.begin() as conn:
+            if discard:
+                conn.execute(delete(rows_table).where(rows_table.c.projection == projection))
+                conn.execute(delete(checkpoints).where(checkpoints.c.projection == projection))
+            conn.execute(delete(origins).where(origins.c.projection == projection))
+            conn.execute(
+                insert(origins).values(projection=projection, log=origin.log, fold=origin.fold)
+            )
+
     def close(self) -> None:
         """Release the connection pool."""
         self.engine.dispose()
@@ -342,6 +378,12 @@ class ProjectionRunner(Generic[S]):
     once caught up, in a worker thread; during the catch-up, every `catch_up_batch_size`
     events on the loop's own thread (a larger batch: each commit of SQLite's costs about as
     much as writing a few hundred rows).
+
+    The stored rows are only resumed from their checkpoint when they were folded from this
+    log (not from a stream of the same name deleted and made again), by a fold of the same
+    `fold_version`, and the log reaches the checkpoint (it did not lose its newest messages).
+    Otherwise they are deleted and the log is replayed from sequence 1: a service whose fold
+    changes what it keeps bumps its version, and the next start rebuilds its state.
     """
 
     def __init__(
@@ -355,6 +397,7 @@ class ProjectionRunner(Generic[S]):
         after_event: AfterEvent | None = None,
         on_caught_up: CaughtUp | None = None,
         kinds: frozenset[str] | None = None,
+        fold_version: str = "1",
         batch_size: int = 1000,
         catch_up_batch_size: int = 5000,
         flush_interval: float = 0.25,
@@ -367,6 +410,7 @@ class ProjectionRunner(Generic[S]):
         self.after_event = after_event
         self.on_caught_up = on_caught_up
         self.kinds = kinds
+        self.fold_version = fold_version
         self.batch_size = batch_size
         self.catch_up_batch_size = catch_up_batch_size
         self.flush_interval = flush_interval
@@ -478,7 +522,9 @@ class ProjectionRunner(Generic[S]):
         """Replay from checkpoint + 1, then follow the log until cancelled (writing then)."""
         self.load()
         started = time.perf_counter()
-        if await self.log.last_seq() <= self.applied_seq:
+        identity, last_seq = await self.log.identity()
+        self._check_origin(Origin(log=identity, fold=self.fold_version), last_seq)
+        if last_seq <= self.applied_seq:
             await self._mark_caught_up(started)
         else:
             _COLLECTIONS.enter()
@@ -523,6 +569,35 @@ class ProjectionRunner(Generic[S]):
                 self.flush()
             except Exception:
                 log.exception("%s: the last write failed; the log replays it", self.name)
+
+    def _check_origin(self, here: Origin, last_seq: int) -> None:
+        """Keep the loaded state if it was folded from this log by this fold, and the log
+        reaches its checkpoint; otherwise start again from an empty state (see the class)."""
+        stored = self.store.origin(self.name)
+        if self.applied_seq <= last_seq and stored in (here, None):
+            if stored is None:  # a new projection, or one stored before origins were
+                self.store.set_origin(self.name, here, discard=False)
+            return
+        if stored is not None and stored.log != here.log:
+            cause = "log"
+            why = f"it was folded from {stored.log}, and the log is now {here.log}"
+        elif stored is not None and stored.fold != here.fold:
+            cause = "fold"
+            why = f"it was folded by version {stored.fold} of the fold, this is {here.fold}"
+        else:
+            cause = "checkpoint"
+            why = (
+                f"its checkpoint (seq {self.applied_seq}) is past the log's end "
+                f"(seq {last_seq}): the log lost messages it had folded"
+            )
+        log.warning(
+            "%s: the stored projection is deleted and the log replayed from seq 1: %s",
+            self.name,
+            why,
+        )
+        metrics.PROJECTION_REBUILDS.labels(self.name, cause).inc()
+        self.store.set_origin(self.name, here, discard=True)
+        self.load()
 
     async def _records(self) -> AsyncGenerator[RawRecord, None]:
         """The log from the checkpoint on, forever. A catch-up of at least the log's

@@ -123,6 +123,9 @@ class ArtifactIndex(KeyedState):
 
 #: The event kinds `evolve` reads.
 FOLDED_KINDS = frozenset({"spawn", "fork", "artifact"})
+#: The version of what `evolve` keeps: bumped by a change to the fold that changes its state,
+#: so that a projection stored by the previous one is rebuilt from the log at start.
+FOLD_VERSION = "1"
 
 
 def evolve(state: ArtifactIndex, recorded: Recorded) -> ArtifactIndex:

@@ -56,7 +56,13 @@ from prometheus_client import Counter as Metric
 from prometheus_client import Gauge
 
 from grove_artifacts.blobs import CHUNK_BYTES, SHA256, BlobError, BlobStore
-from grove_artifacts.domain import FOLDED_KINDS, ArtifactEntry, ArtifactIndex, evolve
+from grove_artifacts.domain import (
+    FOLD_VERSION,
+    FOLDED_KINDS,
+    ArtifactEntry,
+    ArtifactIndex,
+    evolve,
+)
 from grove_core.config import ArtifactLimits, load_config
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
@@ -221,6 +227,7 @@ class ArtifactStore:
             evolve=evolve,
             after_event=self._after_event,
             kinds=PROJECTION_KINDS,
+            fold_version=FOLD_VERSION,
         )
         self.seen_seq = 0
         self.uploads: dict[str, Upload] = {}

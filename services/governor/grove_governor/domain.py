@@ -358,6 +358,9 @@ def _epoch(recorded: Recorded) -> float:
 
 #: The event kinds `evolve` reads (messages and artifacts change nothing it decides on).
 FOLDED_KINDS = frozenset({"spawn", "fork", "status", "terminate", "control", "hitl"})
+#: The version of what `evolve` keeps: bumped by a change to the fold that changes its state,
+#: so that a projection stored by the previous one is rebuilt from the log at start.
+FOLD_VERSION = "1"
 
 
 def evolve(state: GovernorState, recorded: Recorded) -> GovernorState:

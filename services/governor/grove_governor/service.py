@@ -33,6 +33,7 @@ from grove_events import (
 )
 from grove_governor.domain import (
     DEFAULT_GRACE_S,
+    FOLD_VERSION,
     FOLDED_KINDS,
     Admit,
     AgentSlot,
@@ -108,6 +109,7 @@ class Governor:
             after_event=self._after_event,
             on_caught_up=self.act,
             kinds=FOLDED_KINDS,
+            fold_version=FOLD_VERSION,
         )
 
     @property

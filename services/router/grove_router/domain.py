@@ -313,6 +313,11 @@ class RouterState(KeyedState):
         self.touch(f"route:{agent_id}")
 
 
+#: The version of what `evolve` keeps: bumped by a change to the fold that changes its state,
+#: so that a projection stored by the previous one is rebuilt from the log at start.
+FOLD_VERSION = "1"
+
+
 def evolve(
     state: RouterState, recorded: Recorded, message_rate: float | None = None
 ) -> RouterState:

@@ -61,6 +61,7 @@ from grove_events import (
     subject_for,
 )
 from grove_spawner.domain import (
+    FOLD_VERSION,
     FOLDED_KINDS,
     SPAWNER_ID_DETAIL,
     START_KINDS,
@@ -319,6 +320,7 @@ class Spawner:
             after_event=self._after_event,
             on_caught_up=self._on_caught_up,
             kinds=PROJECTION_KINDS,
+            fold_version=FOLD_VERSION,
         )
 
     # -- starting ----------------------------------------------------------------------------
