@@ -182,6 +182,7 @@ async def test_a_restarted_server_keeps_the_log_and_the_projection(
     event_log = await EventLog.connect(nats_server.url, name="origin-after")
     runs.log = event_log
     try:
+        await event_log.ensure_stream()  # as every start of the stack does
         assert await event_log.identity() == before
         runner, seqs = await runs.run()
         assert (set(runner.state.agents), seqs) == ({"a", "b"}, [])
