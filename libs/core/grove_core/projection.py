@@ -44,6 +44,7 @@ from grove_core import metrics
 from grove_core.catchup import CatchUpError, read_in_helper
 from grove_core.log import EventLog
 from grove_core.records import RawRecord, Recorded, decode_record, is_deadletter
+from grove_core.sql import create_tables
 from grove_events import InvalidEvent
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ class ProjectionStore:
             sqlalchemy.event.listen(self.engine, "connect", _sqlite_normal_sync)
             with self.engine.begin() as conn:
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-        _meta.create_all(self.engine)
+        create_tables(_meta, self.engine)
         self._upsert = _upsert_rows(self.engine.dialect.name)
         self._sqlite = self.engine.dialect.name == "sqlite"
 

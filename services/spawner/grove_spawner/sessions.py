@@ -17,7 +17,6 @@ The opening entries of a session are computed by pure functions (`spawn_opening`
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,10 +37,10 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from agentgrove.context import EntryKind, SessionEntry, StartKind, check_entry_kind
 from grove_core.settings import ServiceSettings
+from grove_core.sql import create_tables
 from grove_events import ForkEvent, SpawnEvent
 
 SESSIONS_FILE = "sessions.db"
@@ -186,20 +185,7 @@ class SessionStore:
         self.engine: Engine = create_engine(url, connect_args=connect_args)
         if url.startswith("sqlite"):
             _sqlite_for_many_writers(self.engine, sync)
-        self._create_tables()
-
-    def _create_tables(self, attempts: int = 5) -> None:
-        # Spawners share this database and may start together: a table created by another
-        # one between the check and the CREATE is found by the next check.
-        for attempt in range(attempts):
-            try:
-                _meta.create_all(self.engine)
-            except (OperationalError, ProgrammingError, IntegrityError):
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(0.1 * (attempt + 1))
-            else:
-                return
+        create_tables(_meta, self.engine)
 
     @classmethod
     def _entries(cls, conn: Connection, session_id: str) -> list[SessionEntry]:
