@@ -1,25 +1,31 @@
 """`global.max_message_rate` against a real nats-server and the services as processes: messages
 over the rate are not dropped but read later, all of them, in log order, and no sooner than the
-rate allows; an empty router database rebuilds the same pacing from the log."""
+rate allows; an empty router database rebuilds the same pacing from the log, and a router
+started under another rate rebuilds its projection as a replay under that rate would fold it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.request
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentgrove import GroveClient, build_config
 from grove_core.log import EventLog
+from grove_core.projection import ProjectionStore
 from grove_core.records import Recorded
-from grove_events import MessageEvent
-from grove_router.service import NAME
+from grove_events import MessageEvent, new_id
+from grove_router.service import NAME, PROJECTION, Router
 from tests.conftest import NatsEndpoint, StackFactory
 from tests.integration.test_governance import wait_status
+from tests.integration.test_log import spawn_event, status_event
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +126,67 @@ async def test_without_a_message_rate_nothing_is_held_back(
     assert result.reason == "completed", result.error
     assert [text for text, _ in json.loads(result.summary)] == [f"m{i}" for i in range(COUNT)]
     assert [e["not_before"] for e in await inbox_entries(client, agent)] == [None] * COUNT
+
+
+def fold_rebuilds() -> float:
+    value = REGISTRY.get_sample_value(
+        "grove_projection_rebuilds_total", {"projection": PROJECTION, "cause": "fold"}
+    )
+    return value or 0.0
+
+
+async def router_moments(
+    event_log: EventLog, store: ProjectionStore, rate: float | None, agent_id: str
+) -> list[str | None]:
+    """Run a router under `rate` until it has folded the log, stop it (its last write done),
+    and give the `not_before` of each entry of the agent's inbox."""
+    router = Router(event_log, store, message_rate=rate)
+    running = asyncio.create_task(router.runner.run())
+    try:
+        await asyncio.wait_for(router.runner.caught_up.wait(), 10)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    return [entry.not_before for entry in router.state.inbox(agent_id)]
+
+
+async def test_a_router_started_under_another_rate_folds_the_log_again(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    """The rate decides each message's moment. A router resumed under a new rate would keep
+    the moments the old one gave, which no replay of the log under the new rate gives."""
+    await event_log.append(spawn_event("kid"))
+    await event_log.append(status_event("kid", "started"))
+    now = datetime.now(UTC)
+    sender: dict[str, Any] = {"from": "caller"}
+    await event_log.append_many(
+        [
+            MessageEvent(
+                event_id=new_id(),
+                agent_id="caller",
+                timestamp=now,
+                content=f"m{i}",
+                to="kid",
+                **sender,
+            )
+            for i in range(COUNT)
+        ]
+    )
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'router.db'}")
+    try:
+        before = fold_rebuilds()
+        paced = await router_moments(event_log, store, RATE, "kid")
+        assert len(paced) == COUNT
+        assert sum(m is not None for m in paced) >= COUNT - 2 * RATE
+
+        unpaced = await router_moments(event_log, store, None, "kid")
+        assert unpaced == [None] * COUNT
+        assert fold_rebuilds() == before + 1
+
+        assert await router_moments(event_log, store, None, "kid") == unpaced
+        assert await router_moments(event_log, store, RATE, "kid") == paced
+        assert await router_moments(event_log, store, float(RATE), "kid") == paced
+        assert fold_rebuilds() == before + 2  # the same rate, written either way, resumes
+    finally:
+        store.close()

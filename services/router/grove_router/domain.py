@@ -318,6 +318,15 @@ class RouterState(KeyedState):
 FOLD_VERSION = "1"
 
 
+def fold_version(message_rate: float | None) -> str:
+    """The version of the fold under `global.max_message_rate`: the rate decides each message's
+    `not_before`, so a projection folded under another rate is rebuilt from the log at start,
+    as any replay of the log under the rate in force would fold it."""
+    if message_rate is None:
+        return FOLD_VERSION
+    return f"{FOLD_VERSION} max_message_rate={float(message_rate)!r}"
+
+
 def evolve(
     state: RouterState, recorded: Recorded, message_rate: float | None = None
 ) -> RouterState:

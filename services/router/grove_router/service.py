@@ -29,7 +29,7 @@ from grove_core.rpc import RpcServer
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_core.tree import AgentNode
-from grove_router.domain import FOLD_VERSION, HitlRequest, InboxEntry, RouterState, evolve
+from grove_router.domain import HitlRequest, InboxEntry, RouterState, evolve, fold_version
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Router:
             evolve=partial(evolve, message_rate=message_rate),
             after_event=self._after_event,
             on_caught_up=self._count_pending,
-            fold_version=FOLD_VERSION,
+            fold_version=fold_version(message_rate),
         )
         self.seen_seq = 0
         self._inbox_waiters: dict[str, asyncio.Event] = {}
