@@ -35,9 +35,12 @@ resources:
 
 @dataclass
 class Watch:
-    """Follows the `started` statuses and the terminates of the log, from now on."""
+    """Follows the `started` statuses and the terminates of the log, from now on (with
+    `starts=False`, the terminates only: a burst's watcher reads one event per agent, not
+    four, and leaves the CPU to the stack it measures)."""
 
     log: EventLog
+    starts: bool = True
     started: dict[str, asyncio.Future[float]] = field(default_factory=dict)
     ended: dict[str, asyncio.Future[float]] = field(default_factory=dict)
     #: Called with each terminate's agent id.
@@ -48,7 +51,10 @@ class Watch:
         """Subscribe (ordered consumers, new messages only)."""
         js = self.log.js
         new = js_api.DeliverPolicy.NEW
-        for subject, cb in (("grove.status.*", self._status), ("grove.terminate.*", self._end)):
+        follow = [("grove.terminate.*", self._end)]
+        if self.starts:
+            follow.append(("grove.status.*", self._status))
+        for subject, cb in follow:
             self._subs.append(
                 await js.subscribe(
                     subject,
@@ -89,6 +95,17 @@ class Watch:
             future.set_result(now)
             if self.on_end is not None:
                 self.on_end(agent_id)
+
+
+@contextlib.asynccontextmanager
+async def watching(log: EventLog, *, starts: bool = True) -> AsyncIterator[Watch]:
+    """A started `Watch` of the log, stopped at the end."""
+    watch = Watch(log, starts=starts)
+    await watch.start()
+    try:
+        yield watch
+    finally:
+        await watch.stop()
 
 
 def new_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:

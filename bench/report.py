@@ -194,9 +194,10 @@ def render(results: dict[str, Any]) -> str:
         known = [v for v in cpu.values() if v is not None]
         if known:
             spent = ", ".join(f"{k} {_num(v)}" for k, v in cpu.items())
+            client = run["burst"].get("client_cpu_ms_per_agent")
             parts.append(
                 f"CPU per agent in the burst [{mode}], ms: {spent}; total {sum(known):.2f} "
-                "(the benchmark's own client not counted)"
+                f"(the benchmark's own client, not counted: {_num(client)})"
             )
     fan = results["runs"].get("default", {}).get("fan_out", [])
     memory = results.get("memory")

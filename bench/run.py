@@ -150,31 +150,34 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
         await log.ensure_stream()
         note(f"{mode}: starting the stack")
         async with plane.running_stack(folder / mode / "stack", server.url, spawners) as stack:
-            watch = plane.Watch(log)
-            try:
-                await watch.start()
-                note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
+            note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
+            async with plane.watching(log) as watch:
                 out["spawn_to_started"] = await plane.spawn_to_started(
                     log, watch, counts.spawn_samples
                 )
-                note(f"{mode}: burst of {counts.burst_agents} agents")
-                pids = plane.stack_pids(stack, server.process.pid if server.process else None)
-                cpu_before = plane.stack_cpu(pids)
-                out["burst"] = await plane.burst(log, watch, counts.burst_agents, counts.timeout_s)
+            note(f"{mode}: burst of {counts.burst_agents} agents")
+            pids = plane.stack_pids(stack, server.process.pid if server.process else None)
+            async with plane.watching(log, starts=False) as ends:
+                cpu_before, client_before = plane.stack_cpu(pids), time.process_time()
+                out["burst"] = await plane.burst(log, ends, counts.burst_agents, counts.timeout_s)
+                ended = out["burst"]["ended"]
                 out["burst"]["cpu_ms_per_agent"] = cpu_per_agent(
-                    cpu_before, plane.stack_cpu(pids), out["burst"]["ended"]
+                    cpu_before, plane.stack_cpu(pids), ended
                 )
-                if mode == "default":
-                    out["fan_out"] = []
+                client_s = time.process_time() - client_before
+                out["burst"]["client_cpu_ms_per_agent"] = (
+                    round(client_s * 1000 / ended, 3) if ended else None
+                )
+            if mode == "default":
+                out["fan_out"] = []
+                async with plane.watching(log) as watch:
                     for children in counts.fan_out:
                         note(f"{mode}: fan-out of {children}")
                         out["fan_out"].append(
                             await plane.fan_out(log, watch, children, counts.timeout_s)
                         )
-                pid = server.process.pid if server.process else None
-                out["rss_kib"] = plane.stack_rss(stack, pid)
-            finally:
-                await watch.stop()
+            pid = server.process.pid if server.process else None
+            out["rss_kib"] = plane.stack_rss(stack, pid)
         await log.close()
     finally:
         server.stop()
