@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from grove_core.acks import AckInbox, stored
 from grove_core.records import (
     RawRecord,
     Recorded,
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 JS_API = "$JS.API"
 #: Seconds a lookup (a direct get) waits for its answer, as the other JetStream requests.
 LOOKUP_TIMEOUT_S = 10.0
+#: Seconds an append waits for the stream's acknowledgement.
+APPEND_TIMEOUT_S = 10.0
+#: Appends of `append_many` unacknowledged at once, at most.
+APPEND_WINDOW = 2000
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_SUBJECT_HEADER = "Nats-Expected-Last-Subject-Sequence-Subject"
@@ -158,6 +163,8 @@ class EventLog:
     ) -> None:
         self.nc = nc
         self.js = js
+        #: Appends go out on the connection and are acknowledged on one inbox (`AckInbox`).
+        self.acks = AckInbox(nc, APPEND_TIMEOUT_S)
         self.definition = definition
         self.stream = definition.name
         #: Whether lookups may be answered by any replica (see `_direct`); None: not known yet.
@@ -284,72 +291,84 @@ class EventLog:
         subject = subject_for(event.type, event.agent_id)
         headers = self._headers(event, expect_last_seq, expect_subject)
         try:
-            ack = await self.js.publish(subject, encode(event), headers=headers)
+            seq, duplicate = await self.acks.publish(subject, encode(event), headers)
         except nats.js.errors.APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConcurrencyConflict(expect_subject or subject, expect_last_seq or 0) from None
             raise refused(subject, exc.err_code, exc.description) from None
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
-            raise LogError(
-                f"no acknowledgement from stream {self.stream} for {subject} "
-                f"({exc.__class__.__name__}); retry: the append is idempotent"
-            ) from None
-        return Appended(int(ack.seq), bool(ack.duplicate))
+            raise self._unacknowledged(subject, exc) from None
+        return Appended(seq, duplicate)
+
+    def _unacknowledged(self, subject: str, exc: BaseException) -> LogError:
+        return LogError(
+            f"no acknowledgement from stream {self.stream} for {subject} "
+            f"({exc.__class__.__name__}); retry: the append is idempotent"
+        )
 
     async def append_many(self, events: Iterable[Event]) -> list[Appended]:
-        """Append many events pipelined (`publish_async`), in order; each stored once."""
-        futures = []
+        """Append many events pipelined (at most `APPEND_WINDOW` unacknowledged at once), in
+        order; each stored once."""
+        out: list[Appended] = []
+        window: list[tuple[str, asyncio.Future[Msg]]] = []
         for event in events:
             subject = subject_for(event.type, event.agent_id)
-            futures.append(
-                await self.js.publish_async(
-                    subject, encode(event), headers=self._headers(event, None, None)
-                )
-            )
-        acks = await asyncio.gather(*futures)
-        return [Appended(int(a.seq), bool(a.duplicate)) for a in acks]
+            headers = self._headers(event, None, None)
+            window.append((subject, await self.acks.send(subject, encode(event), headers)))
+            if len(window) >= APPEND_WINDOW:
+                out.extend(await self._acknowledged(window))
+                window = []
+        out.extend(await self._acknowledged(window))
+        return out
+
+    async def _acknowledged(self, sent: list[tuple[str, asyncio.Future[Msg]]]) -> list[Appended]:
+        """Where each unguarded append landed (LogError when any was refused or not
+        acknowledged: a retry of them all is idempotent)."""
+        answers = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        out = []
+        for (subject, _), answer in zip(sent, answers, strict=True):
+            try:
+                if isinstance(answer, BaseException):
+                    raise answer
+                out.append(Appended(*stored(answer)))
+            except nats.js.errors.APIError as exc:
+                raise refused(subject, exc.err_code, exc.description) from None
+            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+                raise self._unacknowledged(subject, exc) from None
+        return out
 
     async def append_batch(
         self, appends: Sequence[Append], *, timeout: float = 10.0
     ) -> list[Appended | ConcurrencyConflict]:
-        """Append many events pipelined (`publish_async`), each with its own guard, in order.
+        """Append many events pipelined, each with its own guard, in order.
 
         Returns, for each, where it landed or the ConcurrencyConflict of a guard that lost; the
         appends that lost change nothing, the others are stored. Raises LogError when the log
-        refused or did not acknowledge an append (a retry of the batch is idempotent).
+        refused or did not acknowledge an append within `timeout` seconds (a retry of the
+        batch is idempotent).
         """
         futures = []
         for item in appends:
             event = item.event
             headers = self._headers(event, item.expect_last_seq, item.expect_subject)
-            futures.append(
-                await self.js.publish_async(
-                    subject_for(event.type, event.agent_id), encode(event), headers=headers
-                )
-            )
-        try:
-            acks = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
-        except TimeoutError:
-            raise LogError(
-                f"no acknowledgement from stream {self.stream} for a batch of {len(futures)} "
-                f"within {timeout:g}s; retry: the appends are idempotent"
-            ) from None
+            subject = subject_for(event.type, event.agent_id)
+            futures.append(await self.acks.send(subject, encode(event), headers, timeout))
+        answers = await asyncio.gather(*futures, return_exceptions=True)
         out: list[Appended | ConcurrencyConflict] = []
-        for item, ack in zip(appends, acks, strict=True):
+        for item, answer in zip(appends, answers, strict=True):
             subject = subject_for(item.event.type, item.event.agent_id)
-            if isinstance(ack, nats.js.errors.APIError):
-                if ack.err_code != WRONG_LAST_SEQUENCE:
-                    raise refused(subject, ack.err_code, ack.description)
+            try:
+                if isinstance(answer, BaseException):
+                    raise answer
+                out.append(Appended(*stored(answer)))
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise refused(subject, exc.err_code, exc.description) from None
                 out.append(
                     ConcurrencyConflict(item.expect_subject or subject, item.expect_last_seq or 0)
                 )
-            elif isinstance(ack, BaseException):
-                raise LogError(
-                    f"no acknowledgement from stream {self.stream} for {subject} "
-                    f"({ack.__class__.__name__}); retry: the append is idempotent"
-                )
-            else:
-                out.append(Appended(int(ack.seq), bool(ack.duplicate)))
+            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+                raise self._unacknowledged(subject, exc) from None
         return out
 
     async def record_invalid(self, record: RawRecord, error: InvalidEvent, service: str) -> bool:
@@ -370,12 +389,12 @@ class EventLog:
             js_api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0",
         }
         try:
-            ack = await self.js.publish(subject, json.dumps(body).encode(), headers=headers)
+            _, duplicate = await self.acks.publish(subject, json.dumps(body).encode(), headers)
         except nats.js.errors.APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 return False
             raise
-        return not ack.duplicate
+        return not duplicate
 
     # -- reading ---------------------------------------------------------------------------
 
