@@ -309,6 +309,53 @@ async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_o
     assert handed == expected
 
 
+async def test_a_durable_consumer_acknowledges_what_it_skips_and_counts_redeliveries(
+    event_log: EventLog,
+) -> None:
+    """Skipped messages are acknowledged and never handed over; a handed one that was not
+    acknowledged comes again, and says how many times it has come."""
+    events = [
+        status_event(f"sk-{index}", "admitted" if index % 2 else "checkpoint")
+        for index in range(20)
+    ]
+    await event_log.append_many(events)
+    admitted = {event.agent_id for event in events if event.status_type == "admitted"}
+    counts: dict[str, list[int]] = {}
+    all_handed = asyncio.Event()
+
+    async def handle(delivery: Delivery) -> None:
+        agent = delivery.record.subject.rsplit(".", 1)[-1]
+        counts.setdefault(agent, []).append(delivery.num_delivered)
+        if agent == "sk-1" and delivery.num_delivered == 1:
+            await delivery.nak(delay=0.05)
+            return
+        await delivery.ack()
+        if set(counts) == admitted and counts["sk-1"] == [1, 2]:
+            all_handed.set()
+
+    def skip(record: RawRecord) -> bool:
+        return b'"checkpoint"' in record.data
+
+    consumer = DurableConsumer(event_log, "test-skip", "grove.status.*")
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(handle, stop, concurrency=4, skip=skip))
+    try:
+        await asyncio.wait_for(all_handed.wait(), 30)
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:  # acknowledgements are not answered: wait for the server to count them
+            info = await event_log.js.consumer_info(event_log.stream, "test-skip")
+            if info.num_ack_pending == 0 and info.ack_floor and info.ack_floor.stream_seq == 20:
+                break
+            assert asyncio.get_running_loop().time() < deadline, info
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await consumer.close()
+    assert counts == {agent: [1, 2] if agent == "sk-1" else [1] for agent in admitted}
+    assert info.num_pending == 0
+
+
 async def test_a_projection_counts_the_events_it_folded_by_its_write(
     event_log: EventLog, tmp_path: Path
 ) -> None:

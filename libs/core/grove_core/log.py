@@ -35,6 +35,7 @@ from grove_core.records import (
     is_deadletter,
     record_of,
     stream_time,
+    times_delivered,
 )
 from grove_core.replay import OrderedReader, while_electing
 from grove_events import (
@@ -619,13 +620,16 @@ class DurableConsumer:
         stop: asyncio.Event,
         *,
         concurrency: int = 1,
+        skip: Callable[[RawRecord], bool] | None = None,
     ) -> None:
         """Fetch and hand each message to `handle` until `stop` is set.
 
         `handle` acks (or naks) each delivery; a handler that raises gets the message
         redelivered after a short delay, never dropped. With `concurrency` above 1, up to that
         many deliveries are handled at once, but those on one subject (one agent) still one
-        after the other, in stream order. Handlers in progress finish before `run` returns.
+        after the other, in stream order. A message for which `skip` is true is acknowledged
+        at once and never handed over (for messages that need nothing done: no handler task is
+        made for them). Handlers in progress finish before `run` returns.
         """
         if self._sub is None:
             await self.start()
@@ -653,8 +657,15 @@ class DurableConsumer:
                     await asyncio.sleep(0.5)  # reconnecting, or a stream leader being elected
                     continue
                 for msg in msgs:
-                    delivery = Delivery(record_of(msg), msg, int(msg.metadata.num_delivered))
-                    wanted = min(self.batch, max(1, delivery.record.pending))
+                    record = record_of(msg)
+                    wanted = min(self.batch, max(1, record.pending))
+                    if skip is not None and skip(record):
+                        await msg.ack()
+                        continue
+                    delivered = times_delivered(msg.reply)
+                    if delivered is None:
+                        delivered = int(msg.metadata.num_delivered)
+                    delivery = Delivery(record, msg, delivered)
                     if concurrency <= 1:
                         await _handle_one(handle, delivery)
                         continue

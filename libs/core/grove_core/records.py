@@ -82,6 +82,22 @@ def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
     return seq, consumer_seq, pending, datetime.fromtimestamp(nanoseconds // 1_000_000 / 1000, UTC)
 
 
+def times_delivered(reply: str) -> int | None:
+    """How many times the consumer has delivered this message (1: the first time), read from
+    the reply subject as `delivery_position` reads the rest; None when it has another form."""
+    tokens = reply.split(".")
+    count = len(tokens)
+    if count == 9:
+        first = 2
+    elif count in (11, 12):
+        first = 4
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK" or not tokens[first + 2].isdigit():
+        return None
+    return int(tokens[first + 2])
+
+
 def record_of(msg: Msg) -> RawRecord:
     """A consumer's delivery as a stored record."""
     position = delivery_position(msg.reply)

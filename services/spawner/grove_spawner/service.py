@@ -325,12 +325,15 @@ class Spawner:
 
     # -- starting ----------------------------------------------------------------------------
 
+    @staticmethod
+    def passes_over(record: RawRecord) -> bool:
+        """Whether a status of the durable consumer cannot be an admission: its bytes cannot
+        say `admitted` (two statuses in three). It is acknowledged, never decoded."""
+        return not may_be_admission(record.data)
+
     async def on_status(self, delivery: Delivery) -> None:
-        """Handle one status from the shared durable consumer: an admission starts its agent.
-        Only statuses whose bytes can say `admitted` are decoded (two in three are not)."""
-        if not may_be_admission(delivery.record.data):
-            await delivery.ack()
-            return
+        """Handle one status from the shared durable consumer: an admission starts its agent
+        (the consumer passes over the statuses that cannot be one, see `passes_over`)."""
         try:
             recorded = decode_record(delivery.record)
         except InvalidEvent:
@@ -1089,7 +1092,12 @@ async def setup(service: Service) -> None:
     await spawner.runner.caught_up.wait()
     await spawner.consumer.start()
     spawner.consumer_task = service.spawn(
-        spawner.consumer.run(spawner.on_status, service.stop_event, concurrency=START_CONCURRENCY),
+        spawner.consumer.run(
+            spawner.on_status,
+            service.stop_event,
+            concurrency=START_CONCURRENCY,
+            skip=spawner.passes_over,
+        ),
         "spawner-consumer",
     )
     service.on_stop.append(spawner.shutdown)
