@@ -24,7 +24,12 @@ from grove_core.log import (
     DurableConsumer,
     EventLog,
 )
-from grove_core.projection import CATCH_UP_GC_THRESHOLD, ProjectionRunner, ProjectionStore
+from grove_core.projection import (
+    CATCH_UP_GC_THRESHOLD,
+    Mark,
+    ProjectionRunner,
+    ProjectionStore,
+)
 from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
@@ -384,11 +389,11 @@ class RefusingFirstWrites(ProjectionStore):
 
     refusals = 2
 
-    def save(self, projection: str, seq: int, changed: Any) -> None:
+    def save(self, projection: str, seq: int, changed: Any, mark: Mark | None = None) -> None:
         if self.refusals:
             self.refusals -= 1
             raise OSError("database is locked")
-        super().save(projection, seq, changed)
+        super().save(projection, seq, changed, mark)
 
 
 async def test_a_catch_up_whose_writes_are_refused_retries_and_loses_nothing(
@@ -428,8 +433,8 @@ class CountingStore(ProjectionStore):
         super().__init__(url)
         self.saved: list[int] = []
 
-    def save(self, projection: str, seq: int, changed: Any) -> None:
-        super().save(projection, seq, changed)
+    def save(self, projection: str, seq: int, changed: Any, mark: Mark | None = None) -> None:
+        super().save(projection, seq, changed, mark)
         self.saved.append(seq)
 
 

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from grove_core.log import EventLog
-from grove_core.projection import Origin, ProjectionRunner, ProjectionStore
+from grove_core.projection import Mark, Origin, ProjectionRunner, ProjectionStore
 from grove_core.records import Recorded
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
@@ -144,6 +144,50 @@ async def test_a_checkpoint_past_the_log_s_end_is_rebuilt(
     assert set(runner.state.agents) == {"a", "b"}
     assert seqs == [1, 2]
     assert folded.rebuilds("checkpoint") == 1
+
+
+async def test_a_checkpoint_whose_message_changed_is_rebuilt(
+    event_log: EventLog, folded: Folded
+) -> None:
+    """The log lost messages the projection had folded, and took new ones at their sequences
+    before the service started again: the log reaches the checkpoint, but the message there
+    is not the one the projection folded."""
+    await append_spawns(event_log, "a", "b", "c")
+    await folded.run()
+    mark = folded.store.mark(folded.name)
+    assert mark is not None
+    assert (mark.seq, mark.subject) == (3, "grove.spawn.c")
+    found = await event_log.get_next(">", 3)
+    assert found is not None
+    assert Mark.of(found) == mark
+
+    # As the projection would have stored it, had it folded a message since lost at seq 3.
+    rows = folded.store.load(folded.name)[1]
+    lost = Mark(3, "grove.spawn.lost", mark.stored_ms - 1)
+    folded.store.save(folded.name, 3, {"lost": {**rows["a"], "agent_id": "lost"}}, lost)
+    runner, seqs = await folded.run()
+    assert set(runner.state.agents) == {"a", "b", "c"}
+    assert seqs == [1, 2, 3]
+    assert folded.rebuilds("checkpoint") == 1
+    assert folded.store.mark(folded.name) == mark
+
+    again, seqs = await folded.run()  # the mark holds: resumed
+    assert (set(again.state.agents), seqs) == ({"a", "b", "c"}, [])
+    assert folded.rebuilds("checkpoint") == 1
+
+
+async def test_a_checkpoint_whose_message_the_stream_removed_is_resumed(
+    event_log: EventLog, folded: Folded
+) -> None:
+    """Messages removed by the stream's limits or a purge cannot be compared; the sequences
+    were not reused, so the projection is resumed."""
+    await append_spawns(event_log, "a", "b")
+    await folded.run()
+    await event_log.js.purge_stream(event_log.stream, seq=3)  # removes seq 1 and 2
+    await append_spawns(event_log, "c")
+    runner, seqs = await folded.run()
+    assert (set(runner.state.agents), seqs) == ({"a", "b", "c"}, [3])
+    assert folded.rebuilds("checkpoint") == 0
 
 
 async def test_a_database_stored_before_origins_is_resumed_and_given_one(

@@ -9,7 +9,7 @@ from typing import Any, Self, cast
 import pytest
 
 from grove_core.log import EventLog
-from grove_core.projection import KeyedState, ProjectionRunner, ProjectionStore
+from grove_core.projection import KeyedState, Mark, ProjectionRunner, ProjectionStore
 from grove_core.records import Recorded
 
 pytestmark = pytest.mark.unit
@@ -36,11 +36,17 @@ class FailingOnce(ProjectionStore):
 
     failed = False
 
-    def save(self, projection: str, seq: int, changed: dict[str, dict[str, Any] | None]) -> None:
+    def save(
+        self,
+        projection: str,
+        seq: int,
+        changed: dict[str, dict[str, Any] | None],
+        mark: Mark | None = None,
+    ) -> None:
         if not self.failed:
             self.failed = True
             raise OSError("database is locked")
-        super().save(projection, seq, changed)
+        super().save(projection, seq, changed, mark)
 
 
 def unchanged(state: Counters, _: Recorded) -> Counters:

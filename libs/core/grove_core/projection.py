@@ -73,6 +73,15 @@ origins = Table(
     Column("log", String(256), nullable=False),
     Column("fold", String(64), nullable=False),
 )
+#: The message each checkpoint stands on: its subject and the time the log stored it.
+marks = Table(
+    "grove_checkpoint_marks",
+    _meta,
+    Column("projection", String(64), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("subject", String(256), nullable=False),
+    Column("stored_ms", BigInteger, nullable=False),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,23 @@ class Origin:
 
     log: str
     fold: str
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """The message at a checkpoint: where it is in the log, its subject, and when the log
+    stored it (milliseconds since the epoch). A log that lost its newest messages reuses
+    their sequences for the next ones, so the message found at the checkpoint's sequence then
+    differs from its mark."""
+
+    seq: int
+    subject: str
+    stored_ms: int
+
+    @classmethod
+    def of(cls, record: RawRecord) -> Mark:
+        """The mark of a record read from the log."""
+        return cls(record.seq, record.subject, round(record.timestamp.timestamp() * 1000))
 
 
 _ATOMS = (str, int, float, bool, type(None))
@@ -245,9 +271,16 @@ class ProjectionStore:
         }
         return int(seq or 0), decoded
 
-    def save(self, projection: str, seq: int, changed: Mapping[str, Row | None]) -> None:
-        """Write changed rows and the checkpoint in one transaction. A row is JSON text (as
-        `encode_row` gives it) or JSON-ready data; None deletes it."""
+    def save(
+        self,
+        projection: str,
+        seq: int,
+        changed: Mapping[str, Row | None],
+        mark: Mark | None = None,
+    ) -> None:
+        """Write changed rows and the checkpoint in one transaction, with the mark of the
+        message at the checkpoint when known. A row is JSON text (as `encode_row` gives it) or
+        JSON-ready data; None deletes it."""
         with self.engine.begin() as conn:
             if changed and self._sqlite:
                 self._save_sqlite_rows(conn, projection, changed)
@@ -258,6 +291,26 @@ class ProjectionStore:
             )
             if updated.rowcount == 0:
                 conn.execute(insert(checkpoints).values(projection=projection, seq=seq))
+            conn.execute(delete(marks).where(marks.c.projection == projection))
+            if mark is not None and mark.seq == seq:
+                conn.execute(
+                    insert(marks).values(
+                        projection=projection,
+                        seq=mark.seq,
+                        subject=mark.subject,
+                        stored_ms=mark.stored_ms,
+                    )
+                )
+
+    def mark(self, projection: str) -> Mark | None:
+        """The mark of the message at the projection's checkpoint (None: not recorded)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(marks.c.seq, marks.c.subject, marks.c.stored_ms).where(
+                    marks.c.projection == projection
+                )
+            ).first()
+        return None if row is None else Mark(int(row.seq), row.subject, int(row.stored_ms))
 
     @staticmethod
     def _save_sqlite_rows(
@@ -316,6 +369,7 @@ class ProjectionStore:
             if discard:
                 conn.execute(delete(rows_table).where(rows_table.c.projection == projection))
                 conn.execute(delete(checkpoints).where(checkpoints.c.projection == projection))
+                conn.execute(delete(marks).where(marks.c.projection == projection))
             conn.execute(delete(origins).where(origins.c.projection == projection))
             conn.execute(
                 insert(origins).values(projection=projection, log=origin.log, fold=origin.fold)
@@ -382,7 +436,9 @@ class ProjectionRunner(Generic[S]):
 
     The stored rows are only resumed from their checkpoint when they were folded from this
     log (not from a stream of the same name deleted and made again), by a fold of the same
-    `fold_version`, and the log reaches the checkpoint (it did not lose its newest messages).
+    `fold_version`, and the log still holds the message the checkpoint stands on (its `Mark`:
+    a log that lost its newest messages either ends before the checkpoint or has other
+    messages at those sequences).
     Otherwise they are deleted and the log is replayed from sequence 1: a service whose fold
     changes what it keeps bumps its version, and the next start rebuilds its state.
     """
@@ -418,6 +474,8 @@ class ProjectionRunner(Generic[S]):
         self.caught_up = asyncio.Event()
         self.applied_seq = 0
         self.flushed_seq = 0
+        #: The last record applied (its mark is written with the checkpoint).
+        self._applied: RawRecord | None = None
         #: Messages in the log after the last one applied, as the consumer last reported.
         self.lag = 0
         self.state: S = state_type.from_rows({})
@@ -453,7 +511,7 @@ class ProjectionRunner(Generic[S]):
         seq = self.applied_seq
         changed = {**self._unsaved, **self.state.take_dirty_json()}
         try:
-            self.store.save(self.name, seq, changed)
+            self.store.save(self.name, seq, changed, self._mark(seq))
         except BaseException:
             self._unsaved = changed  # written with the next flush, newer changes over them
             raise
@@ -471,7 +529,7 @@ class ProjectionRunner(Generic[S]):
             changed = {**self._unsaved, **self.state.take_dirty_json()}
             self._unsaved = changed  # until it is written
             self._writing = asyncio.ensure_future(
-                asyncio.to_thread(self.store.save, self.name, seq, changed)
+                asyncio.to_thread(self.store.save, self.name, seq, changed, self._mark(seq))
             )
             try:
                 await asyncio.shield(self._writing)  # a cancelled caller leaves it to finish
@@ -480,6 +538,11 @@ class ProjectionRunner(Generic[S]):
                 return False
             self._written(seq)
             return True
+
+    def _mark(self, seq: int) -> Mark | None:
+        """The mark of the message at `seq`, when it is the last one applied."""
+        applied = self._applied
+        return Mark.of(applied) if applied is not None and applied.seq == seq else None
 
     def _count_applied(self) -> None:
         if self._uncounted:
@@ -521,10 +584,8 @@ class ProjectionRunner(Generic[S]):
 
     async def run(self) -> None:
         """Replay from checkpoint + 1, then follow the log until cancelled (writing then)."""
-        self.load()
         started = time.perf_counter()
-        identity, last_seq = await self.log.identity()
-        self._check_origin(Origin(log=identity, fold=self.fold_version), last_seq)
+        last_seq = await self._load_checked()
         if last_seq <= self.applied_seq:
             await self._mark_caught_up(started)
         else:
@@ -548,6 +609,7 @@ class ProjectionRunner(Generic[S]):
                         if self.after_event is not None:
                             await self.after_event(recorded, live)
                 self.applied_seq = raw.seq
+                self._applied = raw
                 self.lag = raw.pending
                 if self._reach_waiters and self._reach_waiters[0][0] <= raw.seq:
                     self._wake_reached()
@@ -571,11 +633,40 @@ class ProjectionRunner(Generic[S]):
             except Exception:
                 log.exception("%s: the last write failed; the log replays it", self.name)
 
-    def _check_origin(self, here: Origin, last_seq: int) -> None:
+    async def _load_checked(self) -> int:
+        """Load the stored state, or start again from an empty one where it cannot be resumed
+        on this log (`_check_origin`); the sequence of the log's newest message."""
+        self.load()
+        identity, last_seq = await self.log.identity()
+        here = Origin(log=identity, fold=self.fold_version)
+        self._check_origin(here, last_seq, await self._moved_checkpoint(last_seq))
+        return last_seq
+
+    async def _moved_checkpoint(self, last_seq: int) -> str | None:
+        """How the message at the checkpoint differs from its mark (None: it does not, or
+        cannot be told: no mark, the message was removed by the stream's limits, or the log
+        ends before it)."""
+        mark = self.store.mark(self.name)
+        if mark is None or mark.seq != self.applied_seq or mark.seq > last_seq:
+            return None
+        found = await self.log.get_next(">", mark.seq)
+        if found is None or found.seq != mark.seq:
+            return None
+        now = Mark.of(found)
+        if now == mark:
+            return None
+        return (
+            f"the message at its checkpoint (seq {mark.seq}) is now {now.subject} stored at "
+            f"{now.stored_ms} ms, not {mark.subject} stored at {mark.stored_ms} ms: the log "
+            "lost messages it had folded, and later ones took their sequences"
+        )
+
+    def _check_origin(self, here: Origin, last_seq: int, moved: str | None = None) -> None:
         """Keep the loaded state if it was folded from this log by this fold, and the log
-        reaches its checkpoint; otherwise start again from an empty state (see the class)."""
+        still holds the message at its checkpoint; otherwise start again from an empty state
+        (see the class). `moved` says how the message at the checkpoint changed, if it did."""
         stored = self.store.origin(self.name)
-        if self.applied_seq <= last_seq and stored in (here, None):
+        if self.applied_seq <= last_seq and moved is None and stored in (here, None):
             if stored is None:  # a new projection, or one stored before origins were
                 self.store.set_origin(self.name, here, discard=False)
             return
@@ -585,6 +676,9 @@ class ProjectionRunner(Generic[S]):
         elif stored is not None and stored.fold != here.fold:
             cause = "fold"
             why = f"it was folded by version {stored.fold} of the fold, this is {here.fold}"
+        elif moved is not None:
+            cause = "checkpoint"
+            why = moved
         else:
             cause = "checkpoint"
             why = (
