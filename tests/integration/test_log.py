@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.js import api as js_api
 from prometheus_client import REGISTRY
@@ -23,6 +24,7 @@ from grove_core.log import (
     Delivery,
     DurableConsumer,
     EventLog,
+    LogError,
 )
 from grove_core.projection import (
     CATCH_UP_GC_THRESHOLD,
@@ -34,6 +36,7 @@ from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
+from tests.conftest import NatsEndpoint
 
 pytestmark = pytest.mark.integration
 
@@ -359,6 +362,77 @@ async def test_a_durable_consumer_acknowledges_what_it_skips_and_counts_redelive
         await consumer.close()
     assert counts == {agent: [1, 2] if agent == "sk-1" else [1] for agent in admitted}
     assert info.num_pending == 0
+
+
+class Handed:
+    """The agents a durable consumer handed over, and a wait for one of them."""
+
+    def __init__(self) -> None:
+        self.agents: list[str] = []
+        self._arrived = asyncio.Event()
+
+    async def handle(self, delivery: Delivery) -> None:
+        self.agents.append(delivery.record.subject.rsplit(".", 1)[-1])
+        await delivery.ack()
+        self._arrived.set()
+
+    async def wait_for(self, agent: str, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while agent not in self.agents:
+                self._arrived.clear()
+                await self._arrived.wait()
+
+
+async def test_a_durable_consumer_makes_its_consumer_again_when_it_is_deleted(
+    event_log: EventLog,
+) -> None:
+    handed = Handed()
+    consumer = DurableConsumer(event_log, "test-deleted", "grove.status.*", expires=0.5)
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(handed.handle, stop, concurrency=4))
+    try:
+        await event_log.append(status_event("first"))
+        await handed.wait_for("first", 10)
+        await event_log.js.delete_consumer(event_log.stream, "test-deleted")
+        await event_log.append(status_event("second"))  # while no consumer exists
+        await handed.wait_for("second", 15)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    # The consumer made again starts at the log's start: handlers see messages again (they
+    # are idempotent, as every redelivery requires), none is lost.
+    assert set(handed.agents) == {"first", "second"}
+
+
+@pytest.mark.local_nats
+async def test_a_durable_consumer_goes_on_after_the_server_restarts(
+    nats_server: NatsEndpoint,
+) -> None:
+    """The server forgets a standing pull request when it restarts: it is made again."""
+    event_log = await EventLog.connect(nats_server.url, name="durable-restart")
+    await event_log.ensure_stream()
+    handed = Handed()
+    consumer = DurableConsumer(event_log, "test-restart", "grove.status.*", expires=0.5)
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(handed.handle, stop, concurrency=4))
+    try:
+        await event_log.append(status_event("before"))
+        await handed.wait_for("before", 10)
+        nats_server.kill()
+        nats_server.restart()
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            with contextlib.suppress(LogError, nats.errors.Error):
+                await event_log.append(status_event("after"))
+                break
+            assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
+            await asyncio.sleep(0.2)
+        await handed.wait_for("after", 20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await event_log.close()
+    assert handed.agents == ["before", "after"]
 
 
 async def test_a_projection_counts_the_events_it_folded_by_its_write(

@@ -24,6 +24,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -567,7 +568,15 @@ class Delivery:
 
 
 class DurableConsumer:
-    """A durable pull consumer shared by the replicas of one service, acks explicit."""
+    """A durable pull consumer shared by the replicas of one service, acks explicit.
+
+    Messages are pulled with a standing request: up to `batch` of them, answered on an inbox
+    whose callback hands each one over the moment it arrives, and asked for again as soon as
+    the request is used up or expires. nats-py's `fetch` returns a batch only once it is full
+    or the server says there is no more, and a fetch of one message at a time cost about
+    0.2 ms more per message than a push consumer on an idle system (one round of requests and
+    task wake-ups per message); a standing request delivers as fast as a push consumer.
+    """
 
     def __init__(
         self,
@@ -577,17 +586,21 @@ class DurableConsumer:
         *,
         ack_wait: float = 30.0,
         batch: int = 64,
+        expires: float = 1.0,
     ) -> None:
         self.log = log
         self.durable = durable
         self.filter_subject = filter_subject
         self.ack_wait = ack_wait
         self.batch = batch
-        self._sub: JetStreamContext.PullSubscription | None = None
+        #: Seconds a pull request stands before the server ends it (it is then made again; a
+        #: request the server lost, say in a restart, is made again after this and a second).
+        self.expires = expires
+        #: The subscription answers come to, while running.
+        self._inbox: Subscription | None = None
 
-    async def start(self) -> None:
-        """Create or bind the durable consumer."""
-        config = js_api.ConsumerConfig(
+    def _config(self) -> js_api.ConsumerConfig:
+        return js_api.ConsumerConfig(
             durable_name=self.durable,
             ack_policy=js_api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,
@@ -596,23 +609,30 @@ class DurableConsumer:
             deliver_policy=js_api.DeliverPolicy.ALL,
             max_ack_pending=10_000,
         )
-        self._sub = await while_electing(
-            lambda: self.log.js.pull_subscribe(
-                self.filter_subject, durable=self.durable, stream=self.log.stream, config=config
-            )
-        )
+
+    async def start(self) -> None:
+        """Create the durable consumer, or find it made already (by another replica)."""
+        js, stream = self.log.js, self.log.stream
+
+        async def ensure() -> None:
+            try:
+                await js.consumer_info(stream, self.durable)
+            except nats.js.errors.NotFoundError:
+                try:
+                    await js.add_consumer(stream, self._config())
+                except nats.js.errors.BadRequestError:
+                    await js.consumer_info(stream, self.durable)  # another replica made it
+
+        await while_electing(ensure)
 
     async def close(self) -> None:
-        """Drop the pull subscription (the durable consumer stays on the server).
-
-        Call it once `run` has returned: nats-py's fetch leaves stale messages on the
-        subscription's queue without marking them done, and a connection drain would wait
-        for them.
-        """
-        sub, self._sub = self._sub, None
-        if sub is not None:
+        """Drop the inbox subscription (the durable consumer stays on the server). Messages
+        the server sends after it are not acknowledged here: they are delivered again after
+        `ack_wait`, to another replica."""
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                await inbox.unsubscribe()
 
     async def run(
         self,
@@ -622,7 +642,7 @@ class DurableConsumer:
         concurrency: int = 1,
         skip: Callable[[RawRecord], bool] | None = None,
     ) -> None:
-        """Fetch and hand each message to `handle` until `stop` is set.
+        """Hand each message to `handle` until `stop` is set.
 
         `handle` acks (or naks) each delivery; a handler that raises gets the message
         redelivered after a short delay, never dropped. With `concurrency` above 1, up to that
@@ -631,54 +651,115 @@ class DurableConsumer:
         at once and never handed over (for messages that need nothing done: no handler task is
         made for them). Handlers in progress finish before `run` returns.
         """
-        if self._sub is None:
-            await self.start()
-        assert self._sub is not None
-        limit = asyncio.Semaphore(max(1, concurrency))
-        #: subject -> the newest handler task on it, which the next one on it waits for
-        tails: dict[str, asyncio.Task[None]] = {}
-        # Each fetch asks for what the server last said is waiting (a delivery carries that
-        # count), at most `batch`: a fetch of more messages than there are returns only when
-        # the server answers "no more" (about 0.3 ms after the last one, on every hop of an
-        # idle system), while a fetch of one returns with its message.
-        wanted = 1
+        await self.start()
+        pull = _Handing(handle, concurrency, skip, self.batch)
+        nc = self.log.nc
+        inbox_subject = nc.new_inbox()
+        self._inbox = await nc.subscribe(inbox_subject, cb=pull.arrived)
+        next_subject = f"{JS_API}.CONSUMER.MSG.NEXT.{self.log.stream}.{self.durable}"
+        request = json.dumps(
+            {"batch": self.batch, "expires": int(self.expires * 1_000_000_000)}
+        ).encode()
+        stopped = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
+                pull.request_made()
                 try:
-                    msgs = await self._sub.fetch(wanted, timeout=1.0)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
+                    await nc.publish(next_subject, request, reply=inbox_subject)
                 except (
                     nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionReconnectingError,
-                    nats.errors.NoRespondersError,
-                    nats.js.errors.ServiceUnavailableError,
                 ):
-                    await asyncio.sleep(0.5)  # reconnecting, or a stream leader being elected
+                    await asyncio.sleep(0.5)  # reconnecting
                     continue
-                for msg in msgs:
-                    record = record_of(msg)
-                    wanted = min(self.batch, max(1, record.pending))
-                    if skip is not None and skip(record):
-                        await msg.ack()
-                        continue
-                    delivered = times_delivered(msg.reply)
-                    if delivered is None:
-                        delivered = int(msg.metadata.num_delivered)
-                    delivery = Delivery(record, msg, delivered)
-                    if concurrency <= 1:
-                        await _handle_one(handle, delivery)
-                        continue
-                    await limit.acquire()
-                    subject = msg.subject
-                    task = asyncio.create_task(
-                        _handle_after(tails.get(subject), handle, delivery, limit)
-                    )
-                    tails[subject] = task
-                    task.add_done_callback(functools.partial(_forget_tail, tails, subject))
+                over = asyncio.ensure_future(pull.over.wait())
+                # Past `expires` and a second more, the server has lost the request (a
+                # restart, a reconnection): it is made again.
+                await asyncio.wait(
+                    [over, stopped],
+                    timeout=self.expires + 1.0,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                over.cancel()
+                if pull.ended_by is not None and not pull.ended_by.startswith("408"):
+                    await self._after_refusal(pull.ended_by)
         finally:
-            if tails:
-                await asyncio.wait(set(tails.values()))
+            stopped.cancel()
+            await self.close()
+            await pull.finish()
+
+    async def _after_refusal(self, status: str) -> None:
+        """The server ended a pull request for another reason than its expiry (a deleted
+        consumer, a leader being elected, too many requests waiting): wait a little, and
+        make the consumer again if it is gone."""
+        log.warning("pull request on %s ended: %s", self.durable, status)
+        await asyncio.sleep(0.5)
+        with contextlib.suppress(Exception):
+            await self.start()
+
+
+class _Handing:
+    """What a `DurableConsumer.run` does with each answer to its standing pull request."""
+
+    def __init__(
+        self,
+        handle: Callable[[Delivery], Awaitable[None]],
+        concurrency: int,
+        skip: Callable[[RawRecord], bool] | None,
+        batch: int,
+    ) -> None:
+        self.handle = handle
+        self.concurrency = concurrency
+        self.skip = skip
+        self.batch = batch
+        self.limit = asyncio.Semaphore(max(1, concurrency))
+        #: subject -> the newest handler task on it, which the next one on it waits for
+        self.tails: dict[str, asyncio.Task[None]] = {}
+        #: Set when the standing request is used up or ended by the server.
+        self.over = asyncio.Event()
+        #: Messages the standing request may still bring.
+        self.remaining = 0
+        #: Why the server ended the request (its status and description), if it did.
+        self.ended_by: str | None = None
+
+    def request_made(self) -> None:
+        self.over.clear()
+        self.ended_by = None
+        self.remaining = self.batch
+
+    async def arrived(self, msg: Msg) -> None:
+        if not msg.data and msg.headers and "Status" in msg.headers:
+            status = msg.headers["Status"]
+            if status != "100":  # not a heartbeat: the server ended the request
+                self.ended_by = f"{status} {msg.headers.get('Description', '')}".strip()
+                self.over.set()
+            return
+        self.remaining -= 1
+        if self.remaining <= 0:
+            self.over.set()
+        record = record_of(msg)
+        if self.skip is not None and self.skip(record):
+            await msg.ack()
+            return
+        delivered = times_delivered(msg.reply)
+        if delivered is None:
+            delivered = int(msg.metadata.num_delivered)
+        delivery = Delivery(record, msg, delivered)
+        if self.concurrency <= 1:
+            await _handle_one(self.handle, delivery)
+            return
+        await self.limit.acquire()
+        subject = msg.subject
+        task = asyncio.create_task(
+            _handle_after(self.tails.get(subject), self.handle, delivery, self.limit)
+        )
+        self.tails[subject] = task
+        task.add_done_callback(functools.partial(_forget_tail, self.tails, subject))
+
+    async def finish(self) -> None:
+        """Wait for the handlers in progress."""
+        if self.tails:
+            await asyncio.wait(set(self.tails.values()))
 
 
 def _forget_tail(
