@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -136,6 +137,8 @@ class Service:
                 setup_task.cancel()
             elif setup_task.exception() is not None:
                 raise setup_task.exception()  # type: ignore[misc]
+            else:
+                settled()
             await self.stop_event.wait()
         finally:
             for hook in self.on_stop:
@@ -151,6 +154,19 @@ class Service:
             if self.log is not None:
                 await self.log.close()
         return 1 if self.failed else 0
+
+
+def settled() -> None:
+    """Keep what the process made while starting out of the cyclic collector's way.
+
+    The modules, schemas and clients a service loads are hundreds of thousands of objects that
+    live as long as the process; each full collection walked them all again (about 80 ms in
+    the spawner, which imports its runtimes' SDKs), several times a minute under load.
+    `gc.freeze` moves every object tracked now to a generation the collector leaves alone;
+    they are still freed by their reference counts.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def run_service(name: str, setup: Setup, settings: ServiceSettings) -> None:
