@@ -40,7 +40,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.dml import Insert
 
-from grove_core import metrics
+from grove_core import collector, metrics
 from grove_core.catchup import CatchUpError, read_in_helper
 from grove_core.log import EventLog
 from grove_core.records import RawRecord, Recorded, decode_record, is_deadletter
@@ -787,6 +787,7 @@ class ProjectionRunner(Generic[S]):
 
     async def _mark_caught_up(self, started: float) -> None:
         self._collect_as_usual()
+        collector.caught_up()
         metrics.REPLAY_SECONDS.labels(self.name).set(time.perf_counter() - started)
         await self.write()
         self.caught_up.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -14,6 +13,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from grove_core import collector
 from grove_core.catchup import CatchUpHelper
 from grove_core.log import EventLog
 from grove_core.rpc import RpcServer
@@ -138,7 +138,7 @@ class Service:
             elif setup_task.exception() is not None:
                 raise setup_task.exception()  # type: ignore[misc]
             else:
-                settled()
+                collector.started()
             await self.stop_event.wait()
         finally:
             for hook in self.on_stop:
@@ -156,19 +156,6 @@ class Service:
         return 1 if self.failed else 0
 
 
-def settled() -> None:
-    """Keep what the process made while starting out of the cyclic collector's way.
-
-    The modules, schemas and clients a service loads are hundreds of thousands of objects that
-    live as long as the process; each full collection walked them all again (about 80 ms in
-    the spawner, which imports its runtimes' SDKs), several times a minute under load.
-    `gc.freeze` moves every object tracked now to a generation the collector leaves alone;
-    they are still freed by their reference counts.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def run_service(name: str, setup: Setup, settings: ServiceSettings) -> None:
     """Entry point of `python -m grove_<name>`: logging, event loop, exit code."""
     logging.basicConfig(
@@ -176,6 +163,7 @@ def run_service(name: str, setup: Setup, settings: ServiceSettings) -> None:
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
     uvloop.install()
+    collector.manage()
     service = Service(name, settings)
     try:
         code = asyncio.run(service.run(setup))
