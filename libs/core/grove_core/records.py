@@ -50,31 +50,41 @@ def stream_time(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
-def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
-    """(stream sequence, consumer sequence, messages pending, stream time to the millisecond)
-    of a consumer's delivery, read from its reply subject; None when the subject has another
-    form.
+def _ack_fields(reply: str) -> list[str] | None:
+    """(delivered, stream seq, consumer seq, time ns, pending) as text, from a consumer
+    delivery's reply subject; None when the subject has another form.
 
     The forms (NATS ADR-15): `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
     <consumer seq>.<time ns>.<pending>`, and the same after `<domain>.<account hash>` (with a
-    random last token or not). `Msg.metadata` reads the same fields but builds objects that
-    cost more than the rest of a replay's step; this runs for every message of every replay.
+    random last token or not).
     """
     tokens = reply.split(".")
     count = len(tokens)
     if count == 9:
-        first = 2
-    elif count in (11, 12):
         first = 4
+    elif count in (11, 12):
+        first = 6
     else:
         return None
     if tokens[0] != "$JS" or tokens[1] != "ACK":
         return None
+    return tokens[first : first + 5]
+
+
+def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
+    """(stream sequence, consumer sequence, messages pending, stream time to the millisecond)
+    of a consumer's delivery, read from its reply subject (`_ack_fields`); None when the
+    subject has another form. `Msg.metadata` reads the same fields but builds objects that
+    cost more than the rest of a replay's step; this runs for every message of every replay.
+    """
+    fields = _ack_fields(reply)
+    if fields is None:
+        return None
     try:
-        seq = int(tokens[first + 3])
-        consumer_seq = int(tokens[first + 4])
-        nanoseconds = int(tokens[first + 5])
-        pending = int(tokens[first + 6])
+        seq = int(fields[1])
+        consumer_seq = int(fields[2])
+        nanoseconds = int(fields[3])
+        pending = int(fields[4])
     except ValueError:
         return None
     # Whole milliseconds over 1000 are within half a microsecond of exact as a float, to
@@ -85,17 +95,10 @@ def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
 def times_delivered(reply: str) -> int | None:
     """How many times the consumer has delivered this message (1: the first time), read from
     the reply subject as `delivery_position` reads the rest; None when it has another form."""
-    tokens = reply.split(".")
-    count = len(tokens)
-    if count == 9:
-        first = 2
-    elif count in (11, 12):
-        first = 4
-    else:
+    fields = _ack_fields(reply)
+    if fields is None or not fields[0].isdigit():
         return None
-    if tokens[0] != "$JS" or tokens[1] != "ACK" or not tokens[first + 2].isdigit():
-        return None
-    return int(tokens[first + 2])
+    return int(fields[0])
 
 
 def record_of(msg: Msg) -> RawRecord:
