@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from grove_core.acks import AckInbox, stored
+from grove_core.connection import GroveConnection
 from grove_core.records import (
     RawRecord,
     Recorded,
@@ -198,10 +199,12 @@ class EventLog:
                 "stack with `grove up` or set GROVE_NATS_URL"
             )
         try:
-            nc = await nats.connect(
+            nc = GroveConnection()
+            # nats-py types the timeout as int; it is used as seconds, fractions included.
+            options["connect_timeout"] = connect_timeout
+            await nc.connect(
                 servers,
                 name=name,
-                connect_timeout=connect_timeout,
                 allow_reconnect=options.pop("allow_reconnect", True),
                 max_reconnect_attempts=options.pop("max_reconnect_attempts", -1),
                 **options,
