@@ -17,12 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import NamedTuple
 
 import nats.errors
 import nats.js.errors
 import orjson
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
+
+from grove_core.connection import subscribe_direct
+
+
+class Answer(NamedTuple):
+    """The stream's answer to an append: its body, and its headers (a failure's status)."""
+
+    data: bytes
+    headers: dict[str, str] | None
 
 
 class AckInbox:
@@ -36,7 +45,7 @@ class AckInbox:
         self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
         #: token -> (the future of the answer, the timer that fails it)
-        self._waiting: dict[str, tuple[asyncio.Future[Msg], asyncio.TimerHandle]] = {}
+        self._waiting: dict[str, tuple[asyncio.Future[Answer], asyncio.TimerHandle]] = {}
 
     async def _inbox(self) -> str:
         """The inbox prefix answers come to, subscribed on first use (nats-py subscribes again
@@ -45,19 +54,21 @@ class AckInbox:
             async with self._subscribing:
                 if self._prefix is None:
                     inbox = self.nc.new_inbox()
-                    await self.nc.subscribe(f"{inbox}.*", cb=self._answered)
+                    await subscribe_direct(self.nc, f"{inbox}.*", self._answered)
                     self._prefix = f"{inbox}."
         return self._prefix
 
-    async def _answered(self, msg: Msg) -> None:
+    def _answered(
+        self, subject: str, _reply: str, data: bytes, headers: dict[str, str] | None
+    ) -> None:
         prefix = self._prefix or ""
-        entry = self._waiting.pop(msg.subject[len(prefix) :], None)
+        entry = self._waiting.pop(subject[len(prefix) :], None)
         if entry is None:  # timed out, or a duplicate answer
             return
         future, timer = entry
         timer.cancel()
         if not future.done():
-            future.set_result(msg)
+            future.set_result(Answer(data, headers))
 
     def _expire(self, token: str) -> None:
         entry = self._waiting.pop(token, None)
@@ -70,13 +81,13 @@ class AckInbox:
         payload: bytes,
         headers: dict[str, str],
         timeout: float | None = None,
-    ) -> asyncio.Future[Msg]:
+    ) -> asyncio.Future[Answer]:
         """Publish a message for the stream; the future of the stream's answer (see
         `stored`), failed with `nats.errors.TimeoutError` when none came in time."""
         prefix = await self._inbox()
         token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         timer = loop.call_later(self.timeout if timeout is None else timeout, self._expire, token)
         self._waiting[token] = (future, timer)
         try:
@@ -95,7 +106,7 @@ class AckInbox:
         return stored(await (await self.send(subject, payload, headers)))
 
 
-def stored(answer: Msg) -> tuple[int, bool]:
+def stored(answer: Answer) -> tuple[int, bool]:
     """The stream sequence of an acknowledged message, and whether the stream had it already.
 
     Raises `nats.js.errors.APIError` when the stream refused it, and

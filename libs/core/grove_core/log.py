@@ -28,7 +28,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from grove_core.acks import AckInbox, stored
+from grove_core.acks import AckInbox, Answer, stored
 from grove_core.connection import GroveConnection
 from grove_core.records import (
     RawRecord,
@@ -315,7 +315,7 @@ class EventLog:
         """Append many events pipelined (at most `APPEND_WINDOW` unacknowledged at once), in
         order; each stored once."""
         out: list[Appended] = []
-        window: list[tuple[str, asyncio.Future[Msg]]] = []
+        window: list[tuple[str, asyncio.Future[Answer]]] = []
         for event in events:
             subject = subject_for(event.type, event.agent_id)
             headers = self._headers(event, None, None)
@@ -326,7 +326,7 @@ class EventLog:
         out.extend(await self._acknowledged(window))
         return out
 
-    async def _acknowledged(self, sent: list[tuple[str, asyncio.Future[Msg]]]) -> list[Appended]:
+    async def _acknowledged(self, sent: list[tuple[str, asyncio.Future[Answer]]]) -> list[Appended]:
         """Where each unguarded append landed (LogError when any was refused or not
         acknowledged: a retry of them all is idempotent)."""
         answers = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)

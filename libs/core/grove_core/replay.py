@@ -25,11 +25,11 @@ from typing import TypeVar
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from grove_core.connection import subscribe_direct
 from grove_core.records import RawRecord, delivery_position
 
 log = logging.getLogger(__name__)
@@ -156,12 +156,12 @@ class OrderedReader:
         await self.close()
         generation = self._begin_consumer()
 
-        async def arrived(msg: Msg) -> None:
+        def arrived(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
             if generation == self._generation:
-                self._arrived(msg)
+                self._arrived(subject, reply, data, headers)
 
         inbox = self.inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(inbox, cb=arrived)
+        self._sub = await subscribe_direct(self.nc, inbox, arrived)
         single = len(self.filters) == 1
         config = js_api.ConsumerConfig(
             deliver_subject=inbox,
@@ -208,14 +208,15 @@ class OrderedReader:
             else:
                 return
 
-    def _arrived(self, msg: Msg) -> None:
+    def _arrived(
+        self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None
+    ) -> None:
         """One message from the current consumer: a record, or a control message."""
         self._active = True
-        headers = msg.headers
-        if not msg.data and headers and _STATUS in headers:
-            self._control(msg, headers)
+        if not data and headers and _STATUS in headers:
+            self._control(reply, headers)
         else:
-            position = delivery_position(msg.reply)
+            position = delivery_position(reply)
             if position is None or position[1] != self._next_consumer_seq:
                 self._lost = True  # not a delivery of this consumer, or one was missed
             else:
@@ -223,18 +224,16 @@ class OrderedReader:
                 self._next_consumer_seq = consumer_seq + 1
                 self._last_seq = seq
                 self._received += 1
-                self._records.append(
-                    RawRecord(seq, msg.subject, msg.data, timestamp, headers, pending)
-                )
+                self._records.append(RawRecord(seq, subject, data, timestamp, headers, pending))
         arrival = self._arrival
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
 
-    def _control(self, msg: Msg, headers: dict[str, str]) -> None:
+    def _control(self, reply: str, headers: dict[str, str]) -> None:
         if headers[_STATUS] != _CONTROL:
             self._lost = True  # e.g. 409 "consumer deleted"
-        elif msg.reply:
-            self._flow.append((self._received, msg.reply))  # a flow-control request
+        elif reply:
+            self._flow.append((self._received, reply))  # a flow-control request
         else:  # a heartbeat
             stalled = headers.get(_STALLED)
             if stalled:  # the server still waits for this answer
