@@ -6,22 +6,22 @@ subscription ends; a plain nats-py client gets the same through a callback."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import nats
 import pytest
 
-from grove_core.connection import GroveConnection, subscribe_direct
+from grove_core.connection import GroveConnection, LazyHeaders, subscribe_direct
 from grove_core.log import EventLog
 from tests.conftest import NatsEndpoint
 
 pytestmark = pytest.mark.integration
 
-Message = tuple[str, str, bytes, dict[str, str] | None]
+Message = tuple[str, str, bytes, Mapping[str, str] | None]
 
 
 def collector(into: list[Message], until: int, done: asyncio.Event) -> Callable[..., None]:
-    def handle(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
+    def handle(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         into.append((subject, reply, data, headers))
         if len(into) >= until:
             done.set()
@@ -46,7 +46,9 @@ async def test_messages_reach_the_function_in_order_with_their_headers(
     assert [data for _, _, data, _ in got[:500]] == [str(i).encode() for i in range(500)]
     assert got[7] == (f"{inbox}.7", "r.7", b"7", None)
     assert got[500] == (f"{inbox}.h", "", b"x", {"Nats-Msg-Id": "m-1", "Other": "two words"})
+    assert isinstance(got[500][3], LazyHeaders)  # a body's headers: parsed when read
     assert got[501][2:] == (b"", {"Status": "100"})
+    assert isinstance(got[501][3], dict)  # a status: parsed at once
     await sub.unsubscribe()
 
 
@@ -63,7 +65,7 @@ async def test_a_function_that_raises_is_reported_and_the_next_messages_come(
     got: list[bytes] = []
     done = asyncio.Event()
 
-    def handle(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
+    def handle(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         if data == b"bad":
             raise ValueError("cannot take this one")
         got.append(data)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import marshal
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from grove_core import connection
-from grove_core.connection import GroveConnection, parse_header_lines
+from grove_core.catchup import _records, _sent_headers
+from grove_core.connection import GroveConnection, LazyHeaders, parse_header_lines
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +63,24 @@ def test_the_connection_uses_it() -> None:
     # that renamed it would leave the connection silently on the slow parse.
     assert "_parse_header_lines" in vars(Client)
     assert GroveConnection._parse_header_lines is parse_header_lines
+
+
+@given(header_blocks)
+def test_lazy_headers_are_the_parsed_ones_once_read(raw: bytes) -> None:
+    headers = LazyHeaders(raw)
+    assert headers._parsed is None  # nothing parsed until asked
+    assert headers == parse_header_lines(raw)
+    assert dict(headers) == parse_header_lines(raw)
+    assert len(headers) == len(parse_header_lines(raw))
+
+
+def test_lazy_headers_cross_the_catch_up_pipe_unparsed() -> None:
+    lines = b"Nats-Msg-Id: 0193\r\n\r\n"
+    sent = _sent_headers(LazyHeaders(lines))
+    assert sent == lines
+    assert _sent_headers({"K": "v"}) == {"K": "v"}
+    assert _sent_headers(None) is None
+    body = marshal.dumps([(1, "grove.spawn.a", b"{}", 1_700_000_000_000, sent, 0)])
+    (record,) = _records(body)
+    assert isinstance(record.headers, LazyHeaders)
+    assert record.headers == {"Nats-Msg-Id": "0193"}

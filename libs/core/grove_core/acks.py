@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import nats.errors
@@ -31,7 +32,7 @@ class Answer(NamedTuple):
     """The stream's answer to an append: its body, and its headers (a failure's status)."""
 
     data: bytes
-    headers: dict[str, str] | None
+    headers: Mapping[str, str] | None
 
 
 class AckInbox:
@@ -59,7 +60,7 @@ class AckInbox:
         return self._prefix
 
     def _answered(
-        self, subject: str, _reply: str, data: bytes, headers: dict[str, str] | None
+        self, subject: str, _reply: str, data: bytes, headers: Mapping[str, str] | None
     ) -> None:
         prefix = self._prefix or ""
         entry = self._waiting.pop(subject[len(prefix) :], None)

@@ -8,7 +8,8 @@ the records over a pipe in batches, where the projection takes each one for unde
 microsecond; reading and folding then run at the same time, on two CPUs.
 
 The pipe carries frames: a 4-byte big-endian length, then a `marshal`led list of records as
-tuples (sequence, subject, data, stream time in milliseconds, headers, pending). A frame of
+tuples (sequence, subject, data, stream time in milliseconds, headers, pending; the headers as
+their unparsed lines when they came unparsed, see `LazyHeaders`). A frame of
 length zero ends the catch-up: every record up to the sequence asked for was sent. The helper
 reads its instructions as one line of JSON on its standard input and exits when that input
 closes, so it never outlives the process that started it.
@@ -24,13 +25,14 @@ import marshal
 import os
 import stat
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import uvloop
 
+from grove_core.connection import LazyHeaders
 from grove_core.log import EventLog
 from grove_core.records import RawRecord
 from grove_core.settings import CATCH_UP_HELPER_MIN, NatsAccess
@@ -71,10 +73,26 @@ def _frame(records: list[tuple[Any, ...]]) -> bytes:
     return len(body).to_bytes(_PREFIX, "big") + body
 
 
+def _sent_headers(headers: Mapping[str, str] | None) -> bytes | dict[str, str] | None:
+    """Headers in a form `marshal` takes: unparsed lines stay unparsed."""
+    if headers is None or isinstance(headers, dict):
+        return headers
+    if isinstance(headers, LazyHeaders):
+        return headers.lines
+    return dict(headers)
+
+
 def _records(body: bytes) -> list[RawRecord]:
     # The same stream time as a delivery's (`delivery_position`): milliseconds over 1000.
     return [
-        RawRecord(seq, subject, data, datetime.fromtimestamp(ms / 1000, UTC), headers, pending)
+        RawRecord(
+            seq,
+            subject,
+            data,
+            datetime.fromtimestamp(ms / 1000, UTC),
+            LazyHeaders(headers) if isinstance(headers, bytes) else headers,
+            pending,
+        )
         # The frames come from this module's own helper, through a pipe nothing else writes.
         for seq, subject, data, ms, headers, pending in marshal.loads(body)  # noqa: S302
     ]
@@ -175,7 +193,14 @@ async def _send(instructions: dict[str, Any], sent: asyncio.Event) -> None:
             async for raw in records:
                 milliseconds = round(raw.timestamp.timestamp() * 1000)
                 batch.append(
-                    (raw.seq, raw.subject, raw.data, milliseconds, raw.headers, raw.pending)
+                    (
+                        raw.seq,
+                        raw.subject,
+                        raw.data,
+                        milliseconds,
+                        _sent_headers(raw.headers),
+                        raw.pending,
+                    )
                 )
                 if len(batch) >= FRAME_RECORDS:
                     out.write(_frame(batch))  # blocks while the pipe is full: the reader's pace

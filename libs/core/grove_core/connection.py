@@ -18,19 +18,24 @@ projection's deliveries, and the stream's acknowledgements of appends) only appe
 to a queue of their own or complete a future. `subscribe_direct` gives each message to a plain
 function straight from the read loop instead, in the order they came: no `Msg`, no queue, no
 task switch. The function must be quick and must not block; what it raises is reported to the
-connection's error callback, as nats-py does for callbacks.
+connection's error callback, as nats-py does for callbacks. The headers of a message with a
+body come as `LazyHeaders`, parsed only when read: the services fold events from their bodies
+and never look at those headers (a replay shown by `grove debug` does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 #: Takes one message of a direct subscription: its subject, reply subject, body and headers.
-DirectHandler = Callable[[str, str, bytes, dict[str, str] | None], None]
+DirectHandler = Callable[[str, str, bytes, Mapping[str, str] | None], None]
+
+#: How a header block without a status begins (with one: `NATS/1.0 100 Idle Heartbeat`).
+_NO_STATUS = b"NATS/1.0\r\n"
 
 #: Header names remembered once checked; names past this many are checked at every message.
 KNOWN_NAMES_MAX = 256
@@ -71,6 +76,35 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return headers
 
 
+class LazyHeaders(Mapping[str, str]):
+    """A message's headers (a block with no status line), parsed on first use as
+    `parse_header_lines` parses them."""
+
+    __slots__ = ("_parsed", "lines")
+
+    def __init__(self, lines: bytes) -> None:
+        #: The `Name: Value` lines after the block's first line, as received.
+        self.lines = lines
+        self._parsed: dict[str, str] | None = None
+
+    def _headers(self) -> dict[str, str]:
+        if self._parsed is None:
+            self._parsed = parse_header_lines(self.lines)
+        return self._parsed
+
+    def __getitem__(self, name: str) -> str:
+        return self._headers()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers())
+
+    def __len__(self) -> int:
+        return len(self._headers())
+
+    def __repr__(self) -> str:
+        return f"LazyHeaders({self._headers()!r})"
+
+
 class GroveConnection(Client):
     """nats-py's client, reading message headers with `parse_header_lines`, with direct
     subscriptions (`subscribe_direct`)."""
@@ -91,7 +125,12 @@ class GroveConnection(Client):
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
-        parsed = await self._process_headers(headers) if headers else None
+        parsed: Mapping[str, str] | None = None
+        if headers:
+            if data and headers.startswith(_NO_STATUS):
+                parsed = LazyHeaders(headers[len(_NO_STATUS) :])
+            else:  # a status (these have no body), or another form: parsed now, by nats-py
+                parsed = await self._process_headers(headers)
         try:
             handle(subject.decode(), reply.decode(), data, parsed)
         except Exception as exc:  # noqa: BLE001 - as for a callback: reported, and the loop goes on

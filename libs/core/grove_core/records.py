@@ -6,6 +6,7 @@ from what nats-py hands them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -25,7 +26,7 @@ class RawRecord(NamedTuple):
     subject: str
     data: bytes
     timestamp: datetime
-    headers: dict[str, str] | None = None
+    headers: Mapping[str, str] | None = None
     #: For a consumer's delivery: how many messages matching it were still behind this one.
     pending: int = 0
 

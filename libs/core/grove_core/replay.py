@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import nats.errors
@@ -156,7 +156,9 @@ class OrderedReader:
         await self.close()
         generation = self._begin_consumer()
 
-        def arrived(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
+        def arrived(
+            subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+        ) -> None:
             if generation == self._generation:
                 self._arrived(subject, reply, data, headers)
 
@@ -209,7 +211,7 @@ class OrderedReader:
                 return
 
     def _arrived(
-        self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None
+        self, subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
     ) -> None:
         """One message from the current consumer: a record, or a control message."""
         self._active = True
@@ -229,7 +231,7 @@ class OrderedReader:
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
 
-    def _control(self, reply: str, headers: dict[str, str]) -> None:
+    def _control(self, reply: str, headers: Mapping[str, str]) -> None:
         if headers[_STATUS] != _CONTROL:
             self._lost = True  # e.g. 409 "consumer deleted"
         elif reply:
