@@ -13,7 +13,7 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from grove_core.acks import AckInbox, stored
+from grove_core.acks import AckInbox, Answer, stored
 from grove_core.log import ConcurrencyConflict, EventLog, LogError
 from grove_events import subject_for
 from tests.conftest import NatsEndpoint
@@ -87,16 +87,15 @@ async def test_an_append_nobody_answers_times_out_and_a_late_answer_is_dropped(
 
 
 async def test_a_refusal_is_the_stream_s_own_error() -> None:
-    answer = Msg(
-        _client=None,  # type: ignore[arg-type]
-        subject="_INBOX.x.1",
-        data=b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}',
+    answer = Answer(
+        b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}', None
     )
     with pytest.raises(nats.js.errors.APIError) as refused:
         stored(answer)
     assert (refused.value.err_code, refused.value.description) == (10071, "wrong last sequence: 3")
-    ok = Msg(_client=None, subject="_INBOX.x.2", data=b'{"stream":"GROVE","seq":7}')  # type: ignore[arg-type]
-    assert stored(ok) == (7, False)
+    assert stored(Answer(b'{"stream":"GROVE","seq":7}', None)) == (7, False)
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        stored(Answer(b"", {"Status": "503"}))
 
 
 @pytest.mark.local_nats
@@ -108,9 +107,10 @@ async def test_appends_go_on_after_the_server_restarts(nats_server: NatsEndpoint
         nats_server.kill()
         nats_server.restart()
         deadline = asyncio.get_running_loop().time() + 20
+        after = spawn_event("after")  # one event: an append retried after a lost ack is one
         while True:
             with contextlib.suppress(LogError, nats.errors.Error):
-                appended = await event_log.append(spawn_event("after"))
+                appended = await event_log.append(after)
                 break
             assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
             await asyncio.sleep(0.2)
