@@ -21,6 +21,10 @@ task switch. The function must be quick and must not block; what it raises is re
 connection's error callback, as nats-py does for callbacks. The headers of a message with a
 body come as `LazyHeaders`, parsed only when read: the services fold events from their bodies
 and never look at those headers (a replay shown by `grove debug` does).
+
+Both override private methods of nats-py's client (`_parse_header_lines`, `_process_msg`,
+`_remove_sub`), so `pyproject.toml` admits only the nats-py minor version they were written
+and tested against; `tests/integration/test_direct.py` fails when the hooks stop being called.
 """
 
 from __future__ import annotations
