@@ -1,11 +1,12 @@
 """The NATS connection of the event log: nats-py's client, with a faster parse of headers and
 subscriptions whose messages are handed over in the read loop.
 
-Every event on the log carries `Nats-Msg-Id`, and a guarded append two more headers (the expected
-sequence and its subject), which the stream stores with the message and hands to every reader.
-nats-py parses each header line by decoding its name and testing it for whitespace one character
-at a time in a generator: about 4 µs for the three headers of a guarded event. Each event is read
-by four services, and three in four of an agent's events are guarded.
+Every event on the log carries `Nats-Msg-Id`, and a guarded append one or two more headers (the
+expected sequence, and the governor's the subject it applies to), which the stream stores with
+the message and hands to every reader. nats-py parses each header line by decoding its name and
+testing it for whitespace one character at a time in a generator: about 4 µs for an admission's
+three headers. Each event is read by four services, and four in five of an agent's events are
+guarded.
 
 `GroveConnection` parses them to the same result (`parse_header_lines`, held equal to nats-py's
 by a property test): header names repeat, so each name is checked once and remembered (up to
