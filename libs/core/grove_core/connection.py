@@ -3,10 +3,10 @@ subscriptions whose messages are handed over in the read loop.
 
 Every event on the log carries `Nats-Msg-Id`, and a guarded append one or two more headers (the
 expected sequence, and on the governor's decisions the subject it applies to), which the stream
-stores with the message and hands to every reader. nats-py parses each header line by decoding its name and
-testing it for whitespace one character at a time in a generator: about 4 µs for an admission's
-three headers. Each event is read by four services, and four in five of an agent's events are
-guarded.
+stores with the message and hands to every reader. nats-py parses each header line by decoding
+its name and testing it for whitespace one character at a time in a generator: about 4 µs for an
+admission's three headers. Each event is read by four services, and four in five of an agent's
+events are guarded.
 
 `GroveConnection` parses them to the same result (`parse_header_lines`, held equal to nats-py's
 by a property test): header names repeat, so each name is checked once and remembered (up to
