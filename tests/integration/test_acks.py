@@ -6,7 +6,6 @@ again after the server restarts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import nats.errors
 import nats.js.errors
@@ -14,10 +13,10 @@ import pytest
 from nats.aio.msg import Msg
 
 from grove_core.acks import AckInbox, Answer, stored
-from grove_core.log import ConcurrencyConflict, EventLog, LogError
+from grove_core.log import ConcurrencyConflict, EventLog
 from grove_events import subject_for
 from tests.conftest import NatsEndpoint
-from tests.integration.test_log import spawn_event, status_event
+from tests.integration.test_log import append_after_restart, spawn_event, status_event
 
 pytestmark = pytest.mark.integration
 
@@ -106,14 +105,7 @@ async def test_appends_go_on_after_the_server_restarts(nats_server: NatsEndpoint
         await event_log.append(spawn_event("before"))
         nats_server.kill()
         nats_server.restart()
-        deadline = asyncio.get_running_loop().time() + 20
-        after = spawn_event("after")  # one event: an append retried after a lost ack is one
-        while True:
-            with contextlib.suppress(LogError, nats.errors.Error):
-                appended = await event_log.append(after)
-                break
-            assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
-            await asyncio.sleep(0.2)
+        appended = await append_after_restart(event_log, spawn_event("after"))
         assert appended.seq == 2
     finally:
         await event_log.close()

@@ -35,7 +35,15 @@ from grove_core.projection import (
 from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
-from grove_events import GROVE_STREAM, AgentConfig, SpawnEvent, StatusEvent, new_id, subject_for
+from grove_events import (
+    GROVE_STREAM,
+    AgentConfig,
+    Event,
+    SpawnEvent,
+    StatusEvent,
+    new_id,
+    subject_for,
+)
 from tests.conftest import NatsEndpoint
 
 pytestmark = pytest.mark.integration
@@ -383,6 +391,17 @@ class Handed:
                 await self._arrived.wait()
 
 
+async def append_after_restart(event_log: EventLog, event: Event, within: float = 20.0) -> Appended:
+    """Append `event` once the restarted server takes it, retrying the same event (an append
+    whose acknowledgement was lost in the restart is stored once)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        with contextlib.suppress(LogError, nats.errors.Error):
+            return await event_log.append(event)
+        assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
+        await asyncio.sleep(0.2)
+
+
 async def test_a_durable_consumer_makes_its_consumer_again_when_it_is_deleted(
     event_log: EventLog,
 ) -> None:
@@ -420,14 +439,7 @@ async def test_a_durable_consumer_goes_on_after_the_server_restarts(
         await handed.wait_for("before", 10)
         nats_server.kill()
         nats_server.restart()
-        deadline = asyncio.get_running_loop().time() + 20
-        after = status_event("after")  # one event: an append retried after a lost ack is one
-        while True:
-            with contextlib.suppress(LogError, nats.errors.Error):
-                await event_log.append(after)
-                break
-            assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
-            await asyncio.sleep(0.2)
+        await append_after_restart(event_log, status_event("after"))
         await handed.wait_for("after", 20)
     finally:
         stop.set()
