@@ -1,0 +1,179 @@
+"""The event log's connection reads the NATS protocol as nats-py's parser does, only faster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.errors import ProtocolError
+from nats.protocol.parser import Parser
+
+from grove_core.connection import GroveConnection, GroveParser, LazyHeaders
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder:
+    """What a parser asks of its client, in order (a client with no direct subscriptions)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._direct: dict[int, Any] = {}
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        self.calls.append(("msg", sid, bytes(subject), bytes(reply), data, headers))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_err(self, message: str) -> None:
+        self.calls.append(("err", message))
+
+    async def _process_info(self, info: dict[str, Any]) -> None:
+        self.calls.append(("info", info))
+
+
+tokens = st.text("abcXYZ019_-.$>*", min_size=1, max_size=12)
+bodies = st.binary(max_size=40) | st.sampled_from([b"", b"\r\n", b"MSG a 1 2\r\n", b"PING\r\n"])
+header_blocks = st.sampled_from(
+    [
+        b"NATS/1.0\r\nNats-Msg-Id: 1\r\n\r\n",
+        b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 3\r\n\r\n",
+        b"NATS/1.0 408 Request Timeout\r\n\r\n",
+        b"NATS/1.0\r\n\r\n",
+    ]
+)
+
+
+def _hmsg(head: bytes, headers: bytes, body: bytes) -> bytes:
+    """`HMSG <head> <header size> <total size>`, then the headers and the body."""
+    size = len(headers) + len(body)
+    return b"HMSG %b %d %d\r\n%b%b\r\n" % (head, len(headers), size, headers, body)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> bytes:
+    subject = draw(tokens).encode()
+    sid = str(draw(st.integers(1, 10_000))).encode()
+    reply = draw(st.none() | tokens)
+    body = draw(bodies)
+    head = b" ".join([subject, sid] + ([reply.encode()] if reply else []))
+    if draw(st.booleans()):
+        return _hmsg(head, draw(header_blocks), body)
+    return b"MSG %b %d\r\n%b\r\n" % (head, len(body), body)
+
+
+others = st.sampled_from(
+    [
+        b"+OK\r\n",
+        b"PING\r\n",
+        b"PONG\r\n",
+        b"-ERR 'Stale Connection'\r\n",
+        b'INFO {"server_id":"x","max_payload":1048576}\r\n',
+    ]
+)
+streams = st.lists(messages() | others, max_size=12).map(b"".join)
+
+
+async def _feed(parser: Parser, stream: bytes, cuts: list[int]) -> None:
+    last = 0
+    for cut in sorted(cuts):
+        await parser.parse(stream[last:cut])
+        last = cut
+    await parser.parse(stream[last:])
+
+
+def _parsed(cls: type[Parser], stream: bytes, cuts: list[int]) -> list[tuple[Any, ...]]:
+    recorder = Recorder()
+    parser = cls(recorder)
+    asyncio.run(_feed(parser, stream, cuts))
+    assert not parser.buf  # nothing left over once the whole stream has come
+    return recorder.calls
+
+
+@given(streams, st.lists(st.integers(0, 2_000), max_size=8))
+def test_the_same_calls_as_nats_py_however_the_stream_is_cut(
+    stream: bytes, cuts: list[int]
+) -> None:
+    cuts = [cut for cut in cuts if cut <= len(stream)]
+    assert _parsed(GroveParser, stream, cuts) == _parsed(Parser, stream, cuts)
+
+
+def test_a_message_in_pieces_comes_once_whole() -> None:
+    stream = _hmsg(b"a.b 9 r", b"NATS/1.0\r\n\r\n", b"abc") + b"PING\r\n"
+    calls = _parsed(GroveParser, stream, list(range(len(stream))))
+    assert calls == [("msg", 9, b"a.b", b"r", b"abc", b"NATS/1.0\r\n\r\n"), ("ping",)]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"MSG a\r\n", b"MSG a b 3\r\nabc\r\n", b"HMSG a 1 x y\r\n", b"HELLO\r\n"],
+)
+def test_malformed_lines_are_protocol_errors(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        asyncio.run(GroveParser(Recorder()).parse(line))
+
+
+def test_direct_subscriptions_get_bodies_with_lazy_headers_and_statuses_parsed() -> None:
+    async def run() -> list[tuple[str, str, bytes, Mapping[str, str] | None]]:
+        nc = GroveConnection()
+        got: list[tuple[str, str, bytes, Mapping[str, str] | None]] = []
+        nc._direct[5] = lambda subject, reply, data, headers: got.append(
+            (subject, reply, data, headers)
+        )
+        await nc._ps.parse(
+            _hmsg(b"s 5 r", b"NATS/1.0\r\nNats-Msg-Id: 1\r\n\r\n", b"hi")
+            + _hmsg(b"s 5", b"NATS/1.0 100 Idle Heartbeat\r\nA: 1\r\n\r\n", b"")
+            + b"MSG s 5 2\r\nno\r\n"
+        )
+        return got
+
+    (first, status, plain) = asyncio.run(run())
+    assert first[:3] == ("s", "r", b"hi")
+    assert isinstance(first[3], LazyHeaders)
+    assert dict(first[3]) == {"Nats-Msg-Id": "1"}
+    assert status[2] == b""
+    assert status[3] is not None
+    assert dict(status[3]) == {"Status": "100", "Description": "Idle Heartbeat", "A": "1"}
+    assert plain == ("s", "", b"no", None)
+
+
+def test_a_direct_function_that_raises_is_reported_and_the_next_message_still_comes() -> None:
+    async def run() -> tuple[list[bytes], list[BaseException]]:
+        nc = GroveConnection()
+        errors: list[BaseException] = []
+
+        async def error_cb(exc: BaseException) -> None:
+            errors.append(exc)
+
+        nc._error_cb = error_cb
+        got: list[bytes] = []
+
+        def handle(subject: str, reply: str, data: bytes, headers: object) -> None:
+            if data == b"bad":
+                raise ValueError("refused")
+            got.append(data)
+
+        nc._direct[1] = handle
+        await nc._ps.parse(b"MSG s 1 3\r\nbad\r\nMSG s 1 2\r\nok\r\n")
+        return got, errors
+
+    got, errors = asyncio.run(run())
+    assert got == [b"ok"]
+    assert [str(exc) for exc in errors] == ["refused"]
+
+
+def test_info_is_handed_over_as_json() -> None:
+    info = {"server_id": "x", "headers": True}
+    calls = _parsed(GroveParser, b"INFO " + json.dumps(info).encode() + b"\r\n", [])
+    assert calls == [("info", info)]
