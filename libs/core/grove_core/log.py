@@ -31,6 +31,7 @@ from nats.js import api as js_api
 from grove_core.acks import AckInbox, Answer, stored
 from grove_core.connection import GroveConnection
 from grove_core.records import (
+    OwnAppends,
     RawRecord,
     Recorded,
     decode_record,
@@ -175,6 +176,9 @@ class EventLog:
         #: How a projection far behind may read its catch-up in a helper process (None: it
         #: reads everything itself); a service sets it from its settings.
         self.helper: CatchUpHelper | None = None
+        #: The events appended here lately, which this service's projection folds without
+        #: decoding them again (`OwnAppends`).
+        self.own = OwnAppends()
 
     @classmethod
     async def connect(
@@ -303,6 +307,8 @@ class EventLog:
             raise refused(subject, exc.err_code, exc.description) from None
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise self._unacknowledged(subject, exc) from None
+        if not duplicate:
+            self.own.remember(seq, event)
         return Appended(seq, duplicate)
 
     def _unacknowledged(self, subject: str, exc: BaseException) -> LogError:
@@ -315,27 +321,33 @@ class EventLog:
         """Append many events pipelined (at most `APPEND_WINDOW` unacknowledged at once), in
         order; each stored once."""
         out: list[Appended] = []
-        window: list[tuple[str, asyncio.Future[Answer]]] = []
+        window: list[tuple[Event, asyncio.Future[Answer]]] = []
         for event in events:
             subject = subject_for(event.type, event.agent_id)
             headers = self._headers(event, None, None)
-            window.append((subject, await self.acks.send(subject, encode(event), headers)))
+            window.append((event, await self.acks.send(subject, encode(event), headers)))
             if len(window) >= APPEND_WINDOW:
                 out.extend(await self._acknowledged(window))
                 window = []
         out.extend(await self._acknowledged(window))
         return out
 
-    async def _acknowledged(self, sent: list[tuple[str, asyncio.Future[Answer]]]) -> list[Appended]:
+    async def _acknowledged(
+        self, sent: list[tuple[Event, asyncio.Future[Answer]]]
+    ) -> list[Appended]:
         """Where each unguarded append landed (LogError when any was refused or not
         acknowledged: a retry of them all is idempotent)."""
         answers = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
         out = []
-        for (subject, _), answer in zip(sent, answers, strict=True):
+        for (event, _), answer in zip(sent, answers, strict=True):
+            subject = subject_for(event.type, event.agent_id)
             try:
                 if isinstance(answer, BaseException):
                     raise answer
-                out.append(Appended(*stored(answer)))
+                appended = Appended(*stored(answer))
+                if not appended.duplicate:
+                    self.own.remember(appended.seq, event)
+                out.append(appended)
             except nats.js.errors.APIError as exc:
                 raise refused(subject, exc.err_code, exc.description) from None
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
@@ -365,7 +377,10 @@ class EventLog:
             try:
                 if isinstance(answer, BaseException):
                     raise answer
-                out.append(Appended(*stored(answer)))
+                appended = Appended(*stored(answer))
+                if not appended.duplicate:
+                    self.own.remember(appended.seq, item.event)
+                out.append(appended)
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise refused(subject, exc.err_code, exc.description) from None

@@ -600,7 +600,7 @@ class ProjectionRunner(Generic[S]):
                 live = self.caught_up.is_set()
                 if self._reads(raw.subject):
                     try:
-                        recorded = decode_record(raw)
+                        recorded = self.log.own.recorded(raw) or decode_record(raw)
                     except InvalidEvent as exc:
                         await self._dead_letter(raw, exc)
                     else:

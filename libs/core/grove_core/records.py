@@ -6,13 +6,15 @@ from what nats-py hands them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import NamedTuple
 
 from nats.aio.msg import Msg
 
-from grove_events import Event, decode
+from grove_events import Event, decode, subject_for
+from grove_events.upcasting import current_version
 
 # Records are named tuples, not frozen dataclasses: a replay makes two for every message, and
 # a frozen dataclass's __init__ sets each field through object.__setattr__ (0.6 µs for a
@@ -133,3 +135,40 @@ def decode_record(record: RawRecord) -> Recorded:
 def is_deadletter(subject: str) -> bool:
     """Dead-letter records share the stream but are not events."""
     return subject.startswith("grove.deadletter.")
+
+
+class OwnAppends:
+    """The events a connection appended lately, by the sequence the stream stored each at.
+
+    A service folds its own events too: the spawner the `started`, `completed` and `terminate`
+    of each agent it runs, the governor its decisions. Those bodies are the encoding of events
+    the service holds already, so its projection takes the event from here instead of decoding
+    the body again (about 5 µs each, three of the five events of an agent's life in the
+    spawner). Only what decoding the stored message would give is kept: a current, complete
+    event, stored new (not a duplicate of an earlier message). The newest `limit` are kept; a
+    reader that is behind decodes the older ones from the log as usual.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._events: OrderedDict[int, Event] = OrderedDict()
+
+    def remember(self, seq: int, event: Event) -> None:
+        """The stream stored `event`, new, at `seq`."""
+        if event.timestamp is None or event.schema_version != current_version(event.type):
+            return  # decoding fills or upcasts it: the decoder's event differs
+        events = self._events
+        events[seq] = event
+        if len(events) > self.limit:
+            events.popitem(last=False)
+
+    def recorded(self, record: RawRecord) -> Recorded | None:
+        """The record as `decode_record` would give it, when its event is one remembered (it is
+        then forgotten); None otherwise."""
+        event = self._events.pop(record.seq, None)
+        if event is None or subject_for(event.type, event.agent_id) != record.subject:
+            return None
+        return Recorded(record.seq, record.subject, event, record.timestamp)
+
+    def __len__(self) -> int:
+        return len(self._events)
