@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -19,9 +20,11 @@ from grove_events import (
     StatusEvent,
     decode,
     encode,
+    new_id,
     subject_for,
     upcast,
 )
+from grove_events.envelope import TOKEN_PATTERN
 from grove_events.upcasting import upcast_status_v1_v2
 
 pytestmark = pytest.mark.unit
@@ -180,3 +183,11 @@ def test_newer_schema_version_is_refused() -> None:
 def test_subject_for_unknown_kind() -> None:
     with pytest.raises(ValueError, match="unknown event kind"):
         subject_for("teleport", "a")
+
+
+def test_new_ids_are_uuid7s_in_the_order_they_were_made() -> None:
+    ids = [new_id() for _ in range(1_000)]
+    assert {uuid.UUID(value).version for value in ids} == {7}
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    assert all(TOKEN_PATTERN.fullmatch(value) for value in ids)  # each can be a subject token
