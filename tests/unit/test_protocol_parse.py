@@ -1,4 +1,4 @@
-"""The event log's connection reads the NATS protocol as nats-py's parser does, only faster."""
+"""The event log's connection reads and writes the NATS protocol as nats-py does, only faster."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from nats.errors import ProtocolError
+from nats.errors import ConnectionClosedError, MaxPayloadError, ProtocolError
 from nats.protocol.parser import Parser
 
-from grove_core.connection import GroveConnection, GroveParser, LazyHeaders
+from grove_core.connection import GroveConnection, GroveParser, LazyHeaders, header_block
 
 pytestmark = pytest.mark.unit
 
@@ -177,3 +177,56 @@ def test_info_is_handed_over_as_json() -> None:
     info = {"server_id": "x", "headers": True}
     calls = _parsed(GroveParser, b"INFO " + json.dumps(info).encode() + b"\r\n", [])
     assert calls == [("info", info)]
+
+
+async def _sent(publish: Any) -> list[bytes]:
+    """The commands an unconnected GroveConnection queues for `publish(nc)`."""
+    nc = GroveConnection()
+    nc._max_pending_size = 2 * 1024 * 1024  # as `connect` sets it by default
+    sent: list[bytes] = []
+
+    async def send_command(command: bytes, priority: bool = False) -> None:
+        sent.append(command)
+
+    nc._send_command = send_command  # type: ignore[method-assign]
+    await publish(nc)
+    return sent
+
+
+header_values = st.text(st.characters(blacklist_characters="\r\n"), max_size=20).map(str.strip)
+header_dicts = st.dictionaries(st.sampled_from(["Nats-Msg-Id", "A", "x-y"]), header_values)
+
+
+@given(header_dicts, st.binary(max_size=40))
+def test_a_headed_publish_sends_what_nats_py_sends(headers: dict[str, str], payload: bytes) -> None:
+    ours = asyncio.run(
+        _sent(
+            lambda nc: nc.publish_headed("grove.a.b", "_INBOX.x.1", header_block(headers), payload)
+        )
+    )
+    theirs = asyncio.run(
+        _sent(lambda nc: nc.publish("grove.a.b", payload, reply="_INBOX.x.1", headers=headers))
+    )
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "headers", [{"A": "one\r\ntwo"}, {"A": "x\n"}, {"B:C": "1"}, {"": "1"}, {"A\r\n": "1"}]
+)
+def test_headers_that_would_break_the_block_are_refused(headers: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="cannot be sent"):
+        header_block(headers)
+
+
+def test_a_headed_publish_checks_the_payload_size_and_the_connection() -> None:
+    async def too_large(nc: GroveConnection) -> None:
+        await nc.publish_headed("s", "r", header_block({}), b"x" * (nc._max_payload + 1))
+
+    async def closed(nc: GroveConnection) -> None:
+        nc._status = GroveConnection.CLOSED
+        await nc.publish_headed("s", "r", header_block({}), b"x")
+
+    with pytest.raises(MaxPayloadError):
+        asyncio.run(_sent(too_large))
+    with pytest.raises(ConnectionClosedError):
+        asyncio.run(_sent(closed))

@@ -5,8 +5,9 @@ a callback that forgets it, `asyncio.wait_for` around it, and the stream's answe
 `json` into a `PubAck` dataclass. Against a local server that is about 110 µs of client CPU per
 awaited append, and a spawner makes three appends for every agent it runs. `AckInbox` sends the
 same message with a reply subject on its own wildcard inbox (a counter for tokens, one timer
-per append, the answer read by orjson): about 87 µs. The stream, its deduplication and its
-guards see exactly the same message.
+per append, the answer read by orjson): about 87 µs. On the log's own connection the message
+goes out by `GroveConnection.publish_headed`, its header block encoded at once. The stream, its
+deduplication and its guards see exactly the same message.
 
 Failures are nats-py's own exceptions, so that callers map them as they did: the stream's
 refusal is `nats.js.errors.APIError` (from its error object), no stream on the subject is
@@ -25,7 +26,7 @@ import nats.js.errors
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from grove_core.connection import subscribe_direct
+from grove_core.connection import GroveConnection, header_block, subscribe_direct
 
 
 class Answer(NamedTuple):
@@ -92,7 +93,12 @@ class AckInbox:
         timer = loop.call_later(self.timeout if timeout is None else timeout, self._expire, token)
         self._waiting[token] = (future, timer)
         try:
-            await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
+            if isinstance(self.nc, GroveConnection):
+                await self.nc.publish_headed(
+                    subject, prefix + token, header_block(headers), payload
+                )
+            else:
+                await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
         except BaseException:
             self._waiting.pop(token, None)
             timer.cancel()
