@@ -1,4 +1,4 @@
-"""The NATS connection of the event log: nats-py's client, with a faster parse of headers and
+"""The NATS connection of the event log: nats-py's client, reading and writing messages faster, with
 subscriptions whose messages are handed over in the read loop.
 
 Every event on the log carries `Nats-Msg-Id`, and a guarded append one or two more headers (the
@@ -27,10 +27,14 @@ Below both, `GroveParser` reads the protocol itself: the same calls as nats-py's
 equal by a property test over streams cut at arbitrary places) for less work per message, and a
 direct subscription's message goes to its function without a coroutine.
 
-All three override private parts of nats-py's client (`_ps`, `_parse_header_lines`,
-`_process_msg`, `_remove_sub`), so `pyproject.toml` admits only the nats-py minor version they
-were written and tested against; `tests/integration/test_direct.py` fails when the hooks stop
-being called.
+Appends leave by `GroveConnection.publish_headed`: their header block encoded once
+(`header_block`), the command built in one step and queued as nats-py queues it.
+
+These override or use private parts of nats-py's client (`_ps`, `_parse_header_lines`,
+`_process_msg`, `_remove_sub`, and its outgoing queue: `_send_command`, `_flush_pending`), so
+`pyproject.toml` admits only the nats-py minor version they were written and tested against;
+`tests/integration/test_direct.py` fails when the hooks stop being called, and
+`tests/unit/test_protocol_parse.py` when the bytes read or sent differ from nats-py's.
 """
 
 from __future__ import annotations
