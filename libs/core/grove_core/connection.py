@@ -1,5 +1,5 @@
-"""The NATS connection of the event log: nats-py's client, reading and writing messages faster, with
-subscriptions whose messages are handed over in the read loop.
+"""The NATS connection of the event log: nats-py's client, reading and writing messages faster,
+with subscriptions whose messages are handed over in the read loop.
 
 Every event on the log carries `Nats-Msg-Id`, and a guarded append one or two more headers (the
 expected sequence, and on the governor's decisions the subject it applies to), which the stream
