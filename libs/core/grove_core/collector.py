@@ -12,11 +12,24 @@ took 166 ms, a stall of the service's event loop each time.
 alone. Frozen objects are still freed by their reference counts; only a reference cycle among
 them that becomes garbage is kept (the services' states refer to each other by ids, not
 objects, so they make no cycles).
+
+A service's process also collects its youngest generation less often: after 10,000 more
+allocations than frees of tracked objects (`LIVE_THRESHOLD`), not Python's 700. Most of what a
+service allocates for an event (the decoded event, records, futures, tasks) is freed by its
+reference count soon after; at 700, a collection came every few agents of a burst, found
+hundreds of agents' objects still in flight, and moved them to the older generations, which
+then walked them again. Measured in the spawner over three bursts of 5,000 agents: 13 % of its
+CPU in collections (1,835 of the youngest, 166 of the middle, 16 full), against 5 % (64, 5, 1)
+at 10,000. A collection of the youngest generation walks only what is still alive in it, so
+when the service is quiet each one stays short.
 """
 
 from __future__ import annotations
 
 import gc
+
+#: The collector's first threshold in a service's process (Python's default: 700).
+LIVE_THRESHOLD = 10_000
 
 #: Whether this process is a service's own (`manage`): only then is its heap frozen. A
 #: process that embeds a projection runner among its own objects (a test run, a tool) keeps
@@ -25,10 +38,12 @@ _managed = False
 
 
 def manage() -> None:
-    """Freeze the heap at the moments below, for the rest of this process (a service's entry
-    point calls it)."""
+    """Collect less often (`LIVE_THRESHOLD`) and freeze the heap at the moments below, for the
+    rest of this process (a service's entry point calls it)."""
     global _managed  # noqa: PLW0603 - one switch for the whole process
     _managed = True
+    _, *older = gc.get_threshold()
+    gc.set_threshold(LIVE_THRESHOLD, *older)
 
 
 def started() -> None:
