@@ -179,9 +179,7 @@ class GroveParser(protocol.Parser):
                         headers = None
                         body = bytes(buf[start:stop])
                     handle = direct.get(sid)
-                    if handle is not None and (
-                        headers is None or (body and headers.startswith(_NO_STATUS))
-                    ):
+                    if handle is not None and _goes_unparsed(body, headers):
                         failed = nc._hand_over(handle, subject, reply, body, headers)
                         if failed is not None:
                             await nc._error_cb(failed)
@@ -214,6 +212,12 @@ class GroveParser(protocol.Parser):
             await nc._process_info(json.loads(matched.group(1).decode()))
             return
         raise errors.ProtocolError("nats: unknown protocol")
+
+
+def _goes_unparsed(data: bytes, headers: bytes | None) -> bool:
+    """Whether a direct subscription's message is handed over with its headers as received:
+    it has none, or a block without a status and a body (a status is parsed at once)."""
+    return not headers or (bool(data) and headers.startswith(_NO_STATUS))
 
 
 def _message_line(line: bytearray) -> tuple[int, bytes, bytes, int, int]:
@@ -255,12 +259,11 @@ class GroveConnection(Client):
         if handle is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
             return
-        if headers and not (data and headers.startswith(_NO_STATUS)):
-            # a status (these have no body), or another form: parsed now, by nats-py
+        if _goes_unparsed(data, headers):
+            failed = self._hand_over(handle, subject, reply, data, headers or None)
+        else:  # a status (these have no body), or another form: parsed now, by nats-py
             parsed = await self._process_headers(headers)
             failed = self._hand_over(handle, subject, reply, data, parsed)
-        else:
-            failed = self._hand_over(handle, subject, reply, data, headers or None)
         if failed is not None:
             await self._error_cb(failed)
 
