@@ -109,6 +109,25 @@ def test_the_same_calls_as_nats_py_however_the_stream_is_cut(
     assert _parsed(GroveParser, stream, cuts) == _parsed(Parser, stream, cuts)
 
 
+class ResettingRecorder(Recorder):
+    """A client whose error handling resets its parser, as a closing connection does."""
+
+    parser: Parser
+
+    async def _process_err(self, message: str) -> None:
+        await super()._process_err(message)
+        self.parser.reset()
+
+
+@pytest.mark.parametrize("cls", [Parser, GroveParser])
+def test_nothing_is_read_after_a_handler_resets_the_parser(cls: type[Parser]) -> None:
+    recorder = ResettingRecorder()
+    recorder.parser = cls(recorder)
+    asyncio.run(recorder.parser.parse(b"MSG a 1 1\r\nx\r\n-ERR 'Stale Connection'\r\nPING\r\n"))
+    assert recorder.calls == [("msg", 1, b"a", b"", b"x", None), ("err", "'stale connection'")]
+    assert not recorder.parser.buf
+
+
 def test_a_message_in_pieces_comes_once_whole() -> None:
     stream = _hmsg(b"a.b 9 r", b"NATS/1.0\r\n\r\n", b"abc") + b"PING\r\n"
     calls = _parsed(GroveParser, stream, list(range(len(stream))))

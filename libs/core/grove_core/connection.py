@@ -161,7 +161,9 @@ class GroveParser(protocol.Parser):
         pos = 0
         end = len(buf)
         try:
-            while pos < end:
+            # A handler may reset the parser (an error that closes the connection): what is
+            # left of the old buffer is then not read.
+            while pos < end and self.buf is buf:
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:  # the line is not all here yet
                     break
