@@ -33,6 +33,7 @@ from grove_core.projection import (
     ProjectionStore,
 )
 from grove_core.records import RawRecord, Recorded, decode_record
+from grove_core.tasks import cancel_and_wait
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import (
@@ -75,6 +76,15 @@ def tree_runner(
     return ProjectionRunner(
         name=name, log=event_log, store=store, state_type=TreeState, evolve=evolve_tree, **options
     )
+
+
+async def fold_until_caught_up(runner: ProjectionRunner[Any], timeout: float = 10.0) -> None:
+    """Run `runner` until it has folded the log as it was when it started, then stop it."""
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), timeout)
+    finally:
+        await cancel_and_wait(running)
 
 
 async def stored(event_log: EventLog, subjects: str = "grove.>") -> list[Recorded]:
@@ -508,13 +518,9 @@ async def test_a_projection_takes_the_events_appended_on_its_own_connection_unde
     runner = ProjectionRunner(
         name=f"own-{new_id()}", log=event_log, store=store, state_type=TreeState, evolve=evolve
     )
-    running = asyncio.create_task(runner.run())
     try:
-        await asyncio.wait_for(runner.caught_up.wait(), 10)
+        await fold_until_caught_up(runner)
     finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
         store.close()
     by_log = {item.seq: item for item in await stored(event_log) if item.event.agent_id == agent}
     assert folded == [by_log[item.seq] for item in folded]  # the same records as decoding gives

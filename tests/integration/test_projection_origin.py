@@ -8,8 +8,6 @@ were recorded, do not.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import new_id
 from tests.conftest import NatsEndpoint
-from tests.integration.test_log import spawn_event
+from tests.integration.test_log import fold_until_caught_up, spawn_event
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +57,7 @@ class Folded:
             after_event=note,
             **options,
         )
-        running = asyncio.create_task(runner.run())
-        try:
-            await asyncio.wait_for(runner.caught_up.wait(), 10)
-        finally:
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+        await fold_until_caught_up(runner)
         return runner, folded
 
     def rebuilds(self, cause: str) -> float:
