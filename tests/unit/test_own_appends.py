@@ -63,10 +63,16 @@ EVENTS: list[Event] = [
 ]
 
 
+def _kept(event: Event, own: OwnAppends) -> None:
+    """As an append does: remember the event with its encoding."""
+    own.remember(encode(event), event)
+
+
 @pytest.mark.parametrize("event", EVENTS, ids=lambda event: event.type)
 def test_a_remembered_event_is_what_decoding_its_record_gives(event: Event) -> None:
     own = OwnAppends()
-    own.remember(7, event)
+    own.keep()
+    _kept(event, own)
     record = _record(7, event)
     recorded = own.recorded(record)
     assert recorded is not None
@@ -75,29 +81,43 @@ def test_a_remembered_event_is_what_decoding_its_record_gives(event: Event) -> N
     assert own.recorded(record) is None  # taken once
 
 
-def test_a_record_on_another_subject_is_decoded_as_usual() -> None:
+def test_a_body_on_another_subject_is_decoded_as_usual() -> None:
     own = OwnAppends()
-    own.remember(7, _status("a1"))
-    assert own.recorded(_record(7, _status("b1"))) is None
+    own.keep()
+    event = _status("a1")
+    _kept(event, own)
+    elsewhere = _record(7, event)._replace(subject=subject_for("status", "b1"))
+    assert own.recorded(elsewhere) is None
 
 
 def test_an_event_without_a_timestamp_is_not_kept() -> None:
     # Decoding gives it the stream's time: the event held here would differ.
     own = OwnAppends()
+    own.keep()
     event = _status(timestamp=None)
-    own.remember(7, event)
+    _kept(event, own)
     assert len(own) == 0
     assert own.recorded(_record(7, event)) is None
 
 
 def test_only_the_newest_are_kept() -> None:
-    own = OwnAppends(limit=2)
+    own = OwnAppends()
+    own.keep(2)
     events = [_status() for _ in range(3)]
-    for seq, event in enumerate(events, start=1):
-        own.remember(seq, event)
+    for event in events:
+        _kept(event, own)
     assert len(own) == 2
     assert own.recorded(_record(1, events[0])) is None
     assert [own.recorded(_record(seq, events[seq - 1])) is not None for seq in (2, 3)] == [
         True,
         True,
     ]
+
+
+def test_nothing_is_kept_until_a_reader_asks() -> None:
+    own = OwnAppends()
+    _kept(_status(), own)
+    assert len(own) == 0
+    own.keep()
+    _kept(_status(), own)
+    assert len(own) == 1

@@ -284,6 +284,12 @@ class EventLog:
                 headers[EXPECTED_SUBJECT_HEADER] = expect_subject
         return headers
 
+    def _encoded(self, event: Event) -> bytes:
+        """The body of an append; kept with its event for this connection's projection."""
+        data = encode(event)
+        self.own.remember(data, event)
+        return data
+
     async def append(
         self,
         event: Event,
@@ -300,15 +306,13 @@ class EventLog:
         subject = subject_for(event.type, event.agent_id)
         headers = self._headers(event, expect_last_seq, expect_subject)
         try:
-            seq, duplicate = await self.acks.publish(subject, encode(event), headers)
+            seq, duplicate = await self.acks.publish(subject, self._encoded(event), headers)
         except nats.js.errors.APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise ConcurrencyConflict(expect_subject or subject, expect_last_seq or 0) from None
             raise refused(subject, exc.err_code, exc.description) from None
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise self._unacknowledged(subject, exc) from None
-        if not duplicate:
-            self.own.remember(seq, event)
         return Appended(seq, duplicate)
 
     def _unacknowledged(self, subject: str, exc: BaseException) -> LogError:
@@ -321,33 +325,27 @@ class EventLog:
         """Append many events pipelined (at most `APPEND_WINDOW` unacknowledged at once), in
         order; each stored once."""
         out: list[Appended] = []
-        window: list[tuple[Event, asyncio.Future[Answer]]] = []
+        window: list[tuple[str, asyncio.Future[Answer]]] = []
         for event in events:
             subject = subject_for(event.type, event.agent_id)
             headers = self._headers(event, None, None)
-            window.append((event, await self.acks.send(subject, encode(event), headers)))
+            window.append((subject, await self.acks.send(subject, self._encoded(event), headers)))
             if len(window) >= APPEND_WINDOW:
                 out.extend(await self._acknowledged(window))
                 window = []
         out.extend(await self._acknowledged(window))
         return out
 
-    async def _acknowledged(
-        self, sent: list[tuple[Event, asyncio.Future[Answer]]]
-    ) -> list[Appended]:
+    async def _acknowledged(self, sent: list[tuple[str, asyncio.Future[Answer]]]) -> list[Appended]:
         """Where each unguarded append landed (LogError when any was refused or not
         acknowledged: a retry of them all is idempotent)."""
         answers = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
         out = []
-        for (event, _), answer in zip(sent, answers, strict=True):
-            subject = subject_for(event.type, event.agent_id)
+        for (subject, _), answer in zip(sent, answers, strict=True):
             try:
                 if isinstance(answer, BaseException):
                     raise answer
-                appended = Appended(*stored(answer))
-                if not appended.duplicate:
-                    self.own.remember(appended.seq, event)
-                out.append(appended)
+                out.append(Appended(*stored(answer)))
             except nats.js.errors.APIError as exc:
                 raise refused(subject, exc.err_code, exc.description) from None
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
@@ -369,7 +367,7 @@ class EventLog:
             event = item.event
             headers = self._headers(event, item.expect_last_seq, item.expect_subject)
             subject = subject_for(event.type, event.agent_id)
-            futures.append(await self.acks.send(subject, encode(event), headers, timeout))
+            futures.append(await self.acks.send(subject, self._encoded(event), headers, timeout))
         answers = await asyncio.gather(*futures, return_exceptions=True)
         out: list[Appended | ConcurrencyConflict] = []
         for item, answer in zip(appends, answers, strict=True):
@@ -377,10 +375,7 @@ class EventLog:
             try:
                 if isinstance(answer, BaseException):
                     raise answer
-                appended = Appended(*stored(answer))
-                if not appended.duplicate:
-                    self.own.remember(appended.seq, item.event)
-                out.append(appended)
+                out.append(Appended(*stored(answer)))
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise refused(subject, exc.err_code, exc.description) from None

@@ -585,6 +585,7 @@ class ProjectionRunner(Generic[S]):
     async def run(self) -> None:
         """Replay from checkpoint + 1, then follow the log until cancelled (writing then)."""
         started = time.perf_counter()
+        self.log.own.keep()  # what the log's connection appends from now on is folded here too
         last_seq = await self._load_checked()
         if last_seq <= self.applied_seq:
             await self._mark_caught_up(started)
