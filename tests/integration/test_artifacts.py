@@ -28,7 +28,7 @@ from grove_core.config import ArtifactLimits
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
 from grove_core.records import Recorded
-from grove_events import ArtifactEvent, ForkEvent, SpawnEvent, new_id
+from grove_events import ArtifactEvent, ForkEvent, SpawnEvent, StatusEvent, new_id
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = pytest.mark.integration
@@ -108,6 +108,24 @@ async def fork(log: EventLog, agent_id: str, source: str) -> int:
         ForkEvent(event_id=new_id(), agent_id=agent_id, source_agent=source, reason="try")
     )
     return appended.seq
+
+
+async def test_a_put_after_an_agent_s_status_is_answered_though_the_index_never_sees_it(
+    event_log: EventLog, start_store: StartStore
+) -> None:
+    running = await start_store()
+    assert running.store is not None
+    await spawn(event_log, "worker")
+    # The spawner stores an agent's result after its `started` status. Once caught up, the
+    # index is sent spawns, forks and artifacts only, so it never folds that status.
+    started = await event_log.append(
+        StatusEvent(event_id=new_id(), agent_id="worker", status_type="started")
+    )
+    stored = await Artifacts(event_log, agent_id="worker").put(
+        b"the result", name="result.txt", after_seq=started.seq
+    )
+    assert stored.tree_id == "worker"
+    assert running.store.runner.applied_seq == started.seq + 1  # the artifact, not the status
 
 
 async def test_two_puts_of_the_same_bytes_are_two_artifacts_and_one_blob(

@@ -45,7 +45,7 @@ from grove_core.catchup import CatchUpError, read_in_helper
 from grove_core.log import EventLog
 from grove_core.records import RawRecord, Recorded, decode_record, is_deadletter
 from grove_core.sql import create_tables
-from grove_events import InvalidEvent
+from grove_events import InvalidEvent, kind_wildcard
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +380,10 @@ class ProjectionStore:
         self.engine.dispose()
 
 
+#: Seconds between looks at the log's end while `reached` waits for the log to come as far as
+#: it was asked (a runner that follows only its kinds hears of no other message).
+REACHED_POLL_S = 0.05
+
 #: The cyclic garbage collector's first threshold while a runner catches up (Python's: 700).
 CATCH_UP_GC_THRESHOLD = 50_000
 
@@ -429,6 +433,15 @@ class ProjectionRunner(Generic[S]):
     other kinds are passed over undecoded (their sequence still counts as applied); the
     services that read them validate them and dead-letter what is invalid.
 
+    With `follow_kinds_only`, a runner that has caught up follows the log through a consumer
+    the server filters to its kinds: the messages of other kinds are not sent to it at all,
+    which pays where its kinds are a small share of the log (the artifact-store folds one
+    event in five of an agent's life). The catch-up reads every message all the same, as
+    nats-server reads a long stretch of many subjects for a consumer with several filters
+    far more slowly than for one without. `applied_seq` then stays at the last message of its
+    kinds, and `reached` asks the log whether any message of its kinds lies before the
+    position it is asked for.
+
     Changed rows are written every `batch_size` events and every `flush_interval` seconds
     once caught up, in a worker thread; during the catch-up, every `catch_up_batch_size`
     events on the loop's own thread (a larger batch: each commit of SQLite's costs about as
@@ -454,6 +467,7 @@ class ProjectionRunner(Generic[S]):
         after_event: AfterEvent | None = None,
         on_caught_up: CaughtUp | None = None,
         kinds: frozenset[str] | None = None,
+        follow_kinds_only: bool = False,
         fold_version: str = "1",
         batch_size: int = 1000,
         catch_up_batch_size: int = 5000,
@@ -466,7 +480,10 @@ class ProjectionRunner(Generic[S]):
         self.evolve = evolve
         self.after_event = after_event
         self.on_caught_up = on_caught_up
+        if follow_kinds_only and not kinds:
+            raise ValueError("follow_kinds_only needs the kinds the projection reads")
         self.kinds = kinds
+        self.follow_kinds_only = follow_kinds_only
         self.fold_version = fold_version
         self.batch_size = batch_size
         self.catch_up_batch_size = catch_up_batch_size
@@ -721,16 +738,72 @@ class ProjectionRunner(Generic[S]):
                     log.warning("%s: %s; reading on from seq %s here", self.name, exc, next_seq)
                 finally:
                     await helped.aclose()
-        replay = self.log.read(next_seq, follow=True)
-        try:
-            async for raw in replay:
-                yield raw
-        finally:
-            await replay.aclose()
+        while True:
+            filtered = self.follow_kinds_only and self.caught_up.is_set()
+            subjects = self._kind_subjects() if filtered else "grove.>"
+            replay = self.log.read(next_seq, subjects=subjects, follow=True)
+            try:
+                async for raw in replay:
+                    next_seq = raw.seq + 1
+                    yield raw
+                    if not filtered and self.follow_kinds_only and self.caught_up.is_set():
+                        break  # caught up with this record: from the next one, only its kinds
+                else:
+                    return
+            finally:
+                await replay.aclose()
+
+    def _kind_subjects(self) -> list[str]:
+        assert self.kinds is not None
+        return [kind_wildcard(kind) for kind in sorted(self.kinds)]
 
     async def reached(self, seq: int, timeout: float) -> bool:
         """Wait until the state has folded the log up to `seq`; False if it has not within
         `timeout` seconds."""
+        if not self.follow_kinds_only:
+            return await self._reached_applied(seq, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.applied_seq < seq:
+            remaining = deadline - loop.time()
+            if self.caught_up.is_set():
+                return await self._reached_kinds(seq, remaining)
+            if remaining <= 0:
+                return False
+            # Catching up, every message comes; once caught up, only those of its kinds.
+            await self._reached_applied(seq, min(remaining, REACHED_POLL_S * 10))
+        return True
+
+    async def _reached_kinds(self, seq: int, timeout: float) -> bool:
+        """`reached` for a runner that follows only its kinds: the messages after
+        `applied_seq` up to `seq` may all be of other kinds, which never come to it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.applied_seq < seq:
+            # The log's end first: no message of its kinds after what was folded, looked up
+            # once the log held `seq`, means none will come before it.
+            last = await self.log.last_seq()
+            following = await self._next_of_kinds(self.applied_seq + 1)
+            remaining = deadline - loop.time()
+            if following is not None and following <= seq:
+                if not await self._reached_applied(following, remaining):
+                    return False
+            elif following is not None or last >= seq:
+                return True
+            elif remaining <= 0:
+                return False
+            else:  # the log has not come that far: look again in a moment
+                await asyncio.sleep(min(REACHED_POLL_S, remaining))
+        return True
+
+    async def _next_of_kinds(self, from_seq: int) -> int | None:
+        """The sequence of the first message of the projection's kinds at or after
+        `from_seq` (None: there is none)."""
+        found = [await self.log.get_next(subject, from_seq) for subject in self._kind_subjects()]
+        return min((record.seq for record in found if record is not None), default=None)
+
+    async def _reached_applied(self, seq: int, timeout: float) -> bool:
+        """Wait until `applied_seq` is at least `seq`."""
         if self.applied_seq >= seq:
             return True
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

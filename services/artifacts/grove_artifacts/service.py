@@ -227,13 +227,14 @@ class ArtifactStore:
             evolve=evolve,
             after_event=self._after_event,
             kinds=PROJECTION_KINDS,
+            # Spawns, forks and artifacts are one event in five of an agent's life: once caught
+            # up, the server sends the index only those.
+            follow_kinds_only=True,
             fold_version=FOLD_VERSION,
         )
-        self.seen_seq = 0
         self.uploads: dict[str, Upload] = {}
         #: tree id -> bytes of the uploads in progress in it
         self.reserved: Counter[str] = Counter()
-        self._progress = asyncio.Event()
         self._blob_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -259,11 +260,8 @@ class ArtifactStore:
         return self.runner.state
 
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
-        self.seen_seq = recorded.seq
         if isinstance(recorded.event, ArtifactEvent):
             self.update_gauges()
-        self._progress.set()
-        self._progress = asyncio.Event()
 
     def update_gauges(self) -> None:
         """Set the stored bytes and counts from the index."""
@@ -271,24 +269,14 @@ class ArtifactStore:
         BLOB_BYTES.set(self.state.blob_bytes)
         ARTIFACTS.set(self.state.total_count)
 
-    def applied(self) -> int:
-        """How far the log has been folded."""
-        return max(self.seen_seq, self.runner.applied_seq)
-
     async def wait_applied(self, seq: int, timeout: float = MAX_WAIT_S) -> None:
         """Wait until the index has folded the log to `seq`; refused after `timeout`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.applied() < seq:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise Refused(
-                    "behind",
-                    f"the artifact index has folded the log to seq {self.applied()}, not yet "
-                    f"{seq}; retry in a moment",
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), remaining)
+        if not await self.runner.reached(seq, timeout):
+            raise Refused(
+                "behind",
+                f"the artifact index has not folded the log to seq {seq} within {timeout:g} s "
+                f"(its last event is at seq {self.runner.applied_seq}); retry in a moment",
+            )
 
     # -- serving -----------------------------------------------------------------------------
 

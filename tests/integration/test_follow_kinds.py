@@ -1,0 +1,142 @@
+"""A projection that follows only its kinds once caught up (`follow_kinds_only`), against a real
+nats-server: what the server sends it, and how `reached` answers for positions of other kinds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.js import api as js_api
+
+from grove_core.log import EventLog
+from grove_core.projection import ProjectionRunner, ProjectionStore
+from grove_core.tasks import cancel_and_wait
+from grove_core.tree import TreeState
+from grove_events import new_id
+from tests.integration.test_log import spawn_event, status_event, tree_runner
+
+pytestmark = pytest.mark.integration
+
+SPAWNS = frozenset({"spawn"})
+
+
+@pytest.fixture
+async def following(
+    event_log: EventLog, tmp_path: Path
+) -> AsyncIterator[ProjectionRunner[TreeState]]:
+    """A tree projection of spawns only, following only spawns once caught up (running)."""
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(
+        f"spawns-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        yield runner
+    finally:
+        await cancel_and_wait(running)
+        store.close()
+
+
+async def consumers_filtered_on(event_log: EventLog, subject: str) -> list[js_api.ConsumerInfo]:
+    return [
+        info
+        for info in await event_log.js.consumers_info(event_log.stream)
+        if info.config.filter_subject == subject
+    ]
+
+
+async def test_once_caught_up_the_server_sends_only_the_projection_s_kinds(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    first, second, third = (f"kinds-{index}-{new_id()}" for index in range(3))
+    for agent in (first, second):  # read during the catch-up, every message
+        await event_log.append(spawn_event(agent))
+        await event_log.append(status_event(agent, "admitted"))
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(
+        f"spawns-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 10)
+        assert runner.applied_seq == 4
+        await event_log.append(status_event(first, "started"))
+        spawned = await event_log.append(spawn_event(third))
+        for status_type in ("admitted", "started"):
+            await event_log.append(status_event(third, status_type))
+        assert await runner.reached(await event_log.last_seq(), 10)
+
+        assert set(runner.state.agents) == {first, second, third}
+        # The statuses after the last spawn never came: the fold stands at the spawn.
+        assert runner.applied_seq == spawned.seq
+        [consumer] = await consumers_filtered_on(event_log, "grove.spawn.*")
+        # Of the four messages appended since it was made, the server delivered the one spawn.
+        assert consumer.delivered.consumer_seq == 1
+    finally:
+        await cancel_and_wait(running)
+        store.close()
+
+
+async def test_reached_answers_for_positions_of_other_kinds_from_the_log(
+    event_log: EventLog, following: ProjectionRunner[TreeState]
+) -> None:
+    agent = f"reached-{new_id()}"
+    await event_log.append(spawn_event(agent))
+    await asyncio.wait_for(following.caught_up.wait(), 10)
+    admitted = await event_log.append(status_event(agent, "admitted"))
+    # Only a status after the fold's last spawn: folded that far already.
+    assert await following.reached(admitted.seq, 5)
+    # Further than the log: not yet, and said so in time.
+    assert not await following.reached(admitted.seq + 2, 0.2)
+
+    # A waiter for a position beyond a spawn is told once that spawn is folded, and a waiter
+    # for a position the log has not reached once the log gets there.
+    later = admitted.seq + 2
+    waiters = [asyncio.create_task(following.reached(seq, 10)) for seq in (later, later + 1)]
+    await asyncio.sleep(0.1)
+    assert not any(waiter.done() for waiter in waiters)
+    await event_log.append(status_event(agent, "started"))
+    child = f"child-{new_id()}"
+    spawned = await event_log.append(spawn_event(child))
+    assert spawned.seq == later
+    assert await waiters[0]
+    assert child in following.state.agents
+    assert not waiters[1].done()
+    await event_log.append(status_event(child, "admitted"))
+    assert await waiters[1]
+    assert following.applied_seq == later
+
+
+async def test_a_waiter_from_the_catch_up_is_answered_after_it(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    agent = f"early-{new_id()}"
+    await event_log.append(spawn_event(agent))
+    admitted = await event_log.append(status_event(agent, "admitted"))
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(
+        f"early-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
+    )
+    # Asked before the runner reads anything: the catch-up folds every message, and a
+    # position past its end is answered from the log after it.
+    waiter = asyncio.create_task(runner.reached(admitted.seq + 1, 10))
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 10)
+        assert not waiter.done()
+        await event_log.append(status_event(agent, "started"))
+        assert await waiter
+    finally:
+        await cancel_and_wait(running)
+        store.close()
+
+
+def test_following_only_its_kinds_needs_kinds(event_log: EventLog, tmp_path: Path) -> None:
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    try:
+        with pytest.raises(ValueError, match="needs the kinds"):
+            tree_runner("no-kinds", event_log, store, follow_kinds_only=True)
+    finally:
+        store.close()
