@@ -26,7 +26,7 @@ from grove_events import (
     TerminateEvent,
     new_id,
 )
-from grove_router.service import NAME, Router
+from grove_router.service import NAME, QueryError, Router
 from tests.conftest import NatsEndpoint, StackFactory
 
 pytestmark = pytest.mark.integration
@@ -152,6 +152,22 @@ async def test_each_subscription_delivers_what_it_should_and_nothing_else(
         ["root", "kid", "grandkid"],
     )
     assert kid_items[-1].injected
+
+
+async def test_a_wait_for_the_fold_is_answered_once_folded_and_refused_in_time_beyond_it(
+    event_log: EventLog, router: Router
+) -> None:
+    await append_spawn(event_log, "waited")
+    tip = await event_log.last_seq()
+    await router.wait_applied(tip, 5)
+    with pytest.raises(QueryError, match=rf"folded the log to seq {tip}, not yet {tip + 1}"):
+        await router.wait_applied(tip + 1, 0.2)
+    waiting = asyncio.create_task(router.wait_applied(tip + 1, 5))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await append_status(event_log, "waited", "started")
+    await waiting
+    assert router.runner.applied_seq == tip + 1
 
 
 async def test_the_router_answers_queries_and_refuses_unknown_agents_clearly(

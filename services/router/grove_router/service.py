@@ -103,9 +103,7 @@ class Router:
             on_caught_up=self._count_pending,
             fold_version=fold_version(message_rate),
         )
-        self.seen_seq = 0
         self._inbox_waiters: dict[str, asyncio.Event] = {}
-        self._progress = asyncio.Event()
         self.verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Answer]]] = {
             "inbox": self.inbox,
             "summary": self.summary,
@@ -132,7 +130,6 @@ class Router:
         HITL_PENDING.set(len(self.state.pending_requests()))
 
     async def _after_event(self, recorded: Recorded, live: bool) -> None:
-        self.seen_seq = recorded.seq
         if recorded.event.type == "hitl":
             await self._count_pending()
         if self.state.paced_s > 0:
@@ -147,26 +144,14 @@ class Router:
             waiter = self._inbox_waiters.pop(agent_id, None)
             if waiter is not None:
                 waiter.set()
-        self._progress.set()
-        self._progress = asyncio.Event()
-
-    def applied(self) -> int:
-        """How far the log has been folded."""
-        return max(self.seen_seq, self.runner.applied_seq)
 
     async def wait_applied(self, seq: int, timeout: float) -> None:
         """Wait until the fold has reached `seq`; QueryError after `timeout`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.applied() < seq:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise QueryError(
-                    f"the router has folded the log to seq {self.applied()}, not yet {seq}; "
-                    "retry in a moment"
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), remaining)
+        if not await self.runner.reached(seq, timeout):
+            raise QueryError(
+                f"the router has folded the log to seq {self.runner.applied_seq}, not yet "
+                f"{seq}; retry in a moment"
+            )
 
     # -- serving -----------------------------------------------------------------------------
 
