@@ -325,6 +325,11 @@ class Spawner:
 
     # -- starting ----------------------------------------------------------------------------
 
+    def takes_admissions(self) -> bool:
+        """Whether the shared durable consumer of statuses is being read (the last step of
+        starting: until then the spawner starts no agent)."""
+        return self.consumer_task is not None and not self.consumer_task.done()
+
     @staticmethod
     def passes_over(record: RawRecord) -> bool:
         """Whether a status of the durable consumer cannot be an admission: its bytes cannot
@@ -1083,6 +1088,7 @@ async def setup(service: Service) -> None:
         agent_credentials=agent_credentials(settings),
     )
     service.ready_checks.append(spawner.runner.ready)
+    service.ready_checks.append(spawner.takes_admissions)
     heartbeats = RpcServer(NAME, {"heartbeat": spawner.heard})
     service.ready_checks.append(heartbeats.is_serving)
     await service.serve_rpc(heartbeats)
