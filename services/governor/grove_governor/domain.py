@@ -366,17 +366,18 @@ FOLD_VERSION = "1"
 def evolve(state: GovernorState, recorded: Recorded) -> GovernorState:
     """Fold one event into the governor's state."""
     event = recorded.event
-    if isinstance(event, SpawnEvent):
+    # Each kind told by its class itself, as in `grove_core.tree.evolve`.
+    if type(event) is SpawnEvent:
         _on_spawn(state, event)
-    elif isinstance(event, ForkEvent):
+    elif type(event) is ForkEvent:
         _on_fork(state, event)
-    elif isinstance(event, StatusEvent):
+    elif type(event) is StatusEvent:
         _on_status(state, event, recorded)
-    elif isinstance(event, TerminateEvent):
+    elif type(event) is TerminateEvent:
         _on_terminate(state, event, recorded)
-    elif isinstance(event, ControlEvent):
+    elif type(event) is ControlEvent:
         _on_control(state, event)
-    elif isinstance(event, HitlEvent):
+    elif type(event) is HitlEvent:
         _on_hitl(state, event)
     return state
 

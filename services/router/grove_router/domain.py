@@ -338,34 +338,34 @@ def evolve(
     state.refused = None
     known = event.agent_id in state.tree.agents
     state.tree = evolve_tree(state.tree, recorded)
-    match event:
-        case SpawnEvent():
-            if not known:
-                _on_spawn(state, event)
-        case ForkEvent():
-            if not known and event.agent_id in state.tree.agents:
-                _on_fork(state, event)
-        case StatusEvent():
-            _on_status(state, event, recorded.seq)
-        case TerminateEvent():
-            if not known:
-                state.refused = (
-                    f"terminate of {event.agent_id}, an agent the log never spawned or forked"
-                )
-                return state
-            route = state.routes.get(event.agent_id)
-            if route is not None:
-                route.running = False
-                state.touch(f"route:{event.agent_id}")
-            _route(state, event, recorded.seq, _terminate_addresses(state, event))
-        case MessageEvent():
-            not_before = _pace(state, recorded.stored_at or event.timestamp, message_rate)
-            addresses = _message_addresses(state, event)
-            _route(state, event, recorded.seq, addresses, not_before=not_before)
-        case ControlEvent():
-            _on_control(state, event, recorded.seq)
-        case HitlEvent():
-            _on_hitl(state, event, recorded.seq)
+    # Each kind told by its class itself, as in `grove_core.tree.evolve`; the commonest first.
+    if type(event) is StatusEvent:
+        _on_status(state, event, recorded.seq)
+    elif type(event) is SpawnEvent:
+        if not known:
+            _on_spawn(state, event)
+    elif type(event) is TerminateEvent:
+        if not known:
+            state.refused = (
+                f"terminate of {event.agent_id}, an agent the log never spawned or forked"
+            )
+            return state
+        route = state.routes.get(event.agent_id)
+        if route is not None:
+            route.running = False
+            state.touch(f"route:{event.agent_id}")
+        _route(state, event, recorded.seq, _terminate_addresses(state, event))
+    elif type(event) is MessageEvent:
+        not_before = _pace(state, recorded.stored_at or event.timestamp, message_rate)
+        addresses = _message_addresses(state, event)
+        _route(state, event, recorded.seq, addresses, not_before=not_before)
+    elif type(event) is ForkEvent:
+        if not known and event.agent_id in state.tree.agents:
+            _on_fork(state, event)
+    elif type(event) is ControlEvent:
+        _on_control(state, event, recorded.seq)
+    elif type(event) is HitlEvent:
+        _on_hitl(state, event, recorded.seq)
     return state
 
 

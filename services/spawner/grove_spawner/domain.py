@@ -90,7 +90,7 @@ FOLD_VERSION = "1"
 def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
     """Fold one event into the spawner's state."""
     event = recorded.event
-    if isinstance(event, StatusEvent) and event.status_type in ("started", "resumed"):
+    if type(event) is StatusEvent and event.status_type in ("started", "resumed"):
         spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
         if not isinstance(spawner_id, str):
             return state
@@ -105,7 +105,7 @@ def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
             started_seq=recorded.seq,
         )
         state.touch(event.agent_id)
-    elif isinstance(event, TerminateEvent) and state.running.pop(event.agent_id, None) is not None:
+    elif type(event) is TerminateEvent and state.running.pop(event.agent_id, None) is not None:
         state.touch(event.agent_id)
     return state
 
