@@ -445,7 +445,10 @@ class ProjectionRunner(Generic[S]):
     Changed rows are written every `batch_size` events and every `flush_interval` seconds
     once caught up, in a worker thread; during the catch-up, every `catch_up_batch_size`
     events on the loop's own thread (a larger batch: each commit of SQLite's costs about as
-    much as writing a few hundred rows).
+    much as writing a few hundred rows). A row changed several times between two writes is
+    encoded and written once: in bursts of agents, writing every second instead of every
+    quarter second took 7-8 % off the router's and the governor's CPU. The log is the record;
+    a service that stops without its last write replays that second at its next start.
 
     The stored rows are only resumed from their checkpoint when they were folded from this
     log (not from a stream of the same name deleted and made again), by a fold of the same
@@ -469,9 +472,9 @@ class ProjectionRunner(Generic[S]):
         kinds: frozenset[str] | None = None,
         follow_kinds_only: bool = False,
         fold_version: str = "1",
-        batch_size: int = 1000,
+        batch_size: int = 4000,
         catch_up_batch_size: int = 5000,
-        flush_interval: float = 0.25,
+        flush_interval: float = 1.0,
     ) -> None:
         self.name = name
         self.log = log
