@@ -109,6 +109,29 @@ async def test_reached_answers_for_positions_of_other_kinds_from_the_log(
     assert following.applied_seq == later
 
 
+async def test_a_position_before_an_event_of_its_kinds_needs_no_fold_of_that_event(
+    event_log: EventLog, tmp_path: Path
+) -> None:
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(
+        f"stopped-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        first = await event_log.append(spawn_event(f"first-{new_id()}"))
+        assert await runner.reached(first.seq, 10)
+    finally:
+        await cancel_and_wait(running)  # it folds nothing more
+        store.close()
+    admitted = await event_log.append(status_event(f"other-{new_id()}", "admitted"))
+    second = await event_log.append(spawn_event(f"second-{new_id()}"))
+    # Only a status between what was folded and the position: reached, though the spawn
+    # after it was not folded.
+    assert await runner.reached(admitted.seq, 5)
+    assert not await runner.reached(second.seq, 0.2)
+    assert runner.applied_seq == first.seq
+
+
 async def test_a_waiter_from_the_catch_up_is_answered_after_it(
     event_log: EventLog, tmp_path: Path
 ) -> None:

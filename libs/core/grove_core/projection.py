@@ -783,26 +783,32 @@ class ProjectionRunner(Generic[S]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.applied_seq < seq:
-            # The log's end first: no message of its kinds after what was folded, looked up
-            # once the log held `seq`, means none will come before it.
-            last = await self.log.last_seq()
             following = await self._next_of_kinds(self.applied_seq + 1)
-            remaining = deadline - loop.time()
-            if following is not None and following <= seq:
-                if not await self._reached_applied(following, remaining):
-                    return False
-            elif following is not None or last >= seq:
+            if following is None:
+                # Nothing of its kinds after what was folded. Looked up again once the log
+                # holds `seq`, still nothing: nothing of its kinds lies before `seq`.
+                if await self.log.last_seq() >= seq:
+                    following = await self._next_of_kinds(self.applied_seq + 1)
+                    if following is None:
+                        return True
+                else:  # the log has not come that far: look again in a moment
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        return False
+                    await asyncio.sleep(min(REACHED_POLL_S, remaining))
+                    continue
+            if following > seq:  # stored, so every message before it is too
                 return True
-            elif remaining <= 0:
+            if not await self._reached_applied(following, deadline - loop.time()):
                 return False
-            else:  # the log has not come that far: look again in a moment
-                await asyncio.sleep(min(REACHED_POLL_S, remaining))
         return True
 
     async def _next_of_kinds(self, from_seq: int) -> int | None:
         """The sequence of the first message of the projection's kinds at or after
         `from_seq` (None: there is none)."""
-        found = [await self.log.get_next(subject, from_seq) for subject in self._kind_subjects()]
+        found = await asyncio.gather(
+            *(self.log.get_next(subject, from_seq) for subject in self._kind_subjects())
+        )
         return min((record.seq for record in found if record is not None), default=None)
 
     async def _reached_applied(self, seq: int, timeout: float) -> bool:

@@ -97,7 +97,7 @@ def evolve(state: TreeState, recorded: Recorded) -> TreeState:
     """Fold one event into the tree."""
     event = recorded.event
     # Each kind is told by its class itself: the decoder makes exactly these classes, and an
-    # isinstance check that fails (on a pydantic model's class) costs five times as much.
+    # isinstance check that fails (on a pydantic model's class) costs several times as much.
     if type(event) is SpawnEvent:
         if event.agent_id in state.agents:
             return state
