@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats.errors
 import pytest
 from nats.js import api as js_api
 
+from grove_core import projection
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.tasks import cancel_and_wait
@@ -118,6 +121,7 @@ async def test_a_position_before_an_event_of_its_kinds_needs_no_fold_of_that_eve
     )
     running = asyncio.create_task(runner.run())
     try:
+        await asyncio.wait_for(runner.caught_up.wait(), 10)  # following spawns only
         first = await event_log.append(spawn_event(f"first-{new_id()}"))
         assert await runner.reached(first.seq, 10)
     finally:
@@ -151,6 +155,42 @@ async def test_a_waiter_from_the_catch_up_is_answered_after_it(
         assert not waiter.done()
         await event_log.append(status_event(agent, "started"))
         assert await waiter
+    finally:
+        await cancel_and_wait(running)
+        store.close()
+
+
+async def test_a_filtered_consumer_the_server_refuses_at_first_is_made_again(
+    event_log: EventLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server goes away just as the runner, caught up, makes its filtered consumer.
+    refused: list[int] = []
+    real_read = event_log.read
+
+    def read(from_seq: int = 1, **options: Any) -> AsyncIterator[Any]:
+        if isinstance(options.get("subjects"), list) and not refused:
+            refused.append(from_seq)
+            return no_server()
+        return real_read(from_seq, **options)
+
+    async def no_server() -> AsyncIterator[Any]:
+        raise nats.errors.TimeoutError
+        yield  # an async generator, as `EventLog.read` is
+
+    monkeypatch.setattr(event_log, "read", read)
+    monkeypatch.setattr(projection, "FOLLOW_RETRY_S", 0.01)
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
+    runner = tree_runner(
+        f"refused-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(runner.caught_up.wait(), 10)
+        agent = f"later-{new_id()}"
+        spawned = await event_log.append(spawn_event(agent))
+        assert await runner.reached(spawned.seq, 10)
+        assert agent in runner.state.agents
+        assert refused == [1]
     finally:
         await cancel_and_wait(running)
         store.close()

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar
 
+import nats.errors
 import orjson
 import sqlalchemy.event
 import sqlalchemy.exc
@@ -383,6 +384,9 @@ class ProjectionStore:
 #: Seconds between looks at the log's end while `reached` waits for the log to come as far as
 #: it was asked (a runner that follows only its kinds hears of no other message).
 REACHED_POLL_S = 0.05
+#: Seconds between attempts to make the filtered consumer of a runner that follows only its
+#: kinds, while the server does not answer.
+FOLLOW_RETRY_S = 0.5
 
 #: The cyclic garbage collector's first threshold while a runner catches up (Python's: 700).
 CATCH_UP_GC_THRESHOLD = 50_000
@@ -753,6 +757,13 @@ class ProjectionRunner(Generic[S]):
                         break  # caught up with this record: from the next one, only its kinds
                 else:
                     return
+            except (nats.errors.Error, TimeoutError) as exc:
+                if not filtered:
+                    raise
+                # The server went away as the filtered consumer was made (a reader that runs
+                # makes its consumer again by itself): try again from the same place.
+                log.warning("%s: cannot follow the log yet (%s); trying again", self.name, exc)
+                await asyncio.sleep(FOLLOW_RETRY_S)
             finally:
                 await replay.aclose()
 
