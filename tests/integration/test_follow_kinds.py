@@ -4,6 +4,7 @@ nats-server: what the server sends it, and how `reached` answers for positions o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,33 @@ pytestmark = pytest.mark.integration
 SPAWNS = frozenset({"spawn"})
 
 
-@pytest.fixture
-async def following(
+def spawns_runner(event_log: EventLog, tmp_path: Path) -> ProjectionRunner[TreeState]:
+    """A tree projection of spawns only, following only spawns once caught up."""
+    store = ProjectionStore(f"sqlite:///{tmp_path / f'{new_id()}.db'}")
+    return tree_runner(f"spawns-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True)
+
+
+@contextlib.asynccontextmanager
+async def running_spawns(
     event_log: EventLog, tmp_path: Path
 ) -> AsyncIterator[ProjectionRunner[TreeState]]:
-    """A tree projection of spawns only, following only spawns once caught up (running)."""
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(
-        f"spawns-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
-    )
+    """`spawns_runner`, running until the block ends (then it folds nothing more)."""
+    runner = spawns_runner(event_log, tmp_path)
     running = asyncio.create_task(runner.run())
     try:
         yield runner
     finally:
         await cancel_and_wait(running)
-        store.close()
+        runner.store.close()
+
+
+@pytest.fixture
+async def following(
+    event_log: EventLog, tmp_path: Path
+) -> AsyncIterator[ProjectionRunner[TreeState]]:
+    """`spawns_runner`, running for the test."""
+    async with running_spawns(event_log, tmp_path) as runner:
+        yield runner
 
 
 async def consumers_filtered_on(event_log: EventLog, subject: str) -> list[js_api.ConsumerInfo]:
@@ -57,12 +70,7 @@ async def test_once_caught_up_the_server_sends_only_the_projection_s_kinds(
     for agent in (first, second):  # read during the catch-up, every message
         await event_log.append(spawn_event(agent))
         await event_log.append(status_event(agent, "admitted"))
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(
-        f"spawns-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
-    )
-    running = asyncio.create_task(runner.run())
-    try:
+    async with running_spawns(event_log, tmp_path) as runner:
         await asyncio.wait_for(runner.caught_up.wait(), 10)
         assert runner.applied_seq == 4
         await event_log.append(status_event(first, "started"))
@@ -77,9 +85,6 @@ async def test_once_caught_up_the_server_sends_only_the_projection_s_kinds(
         [consumer] = await consumers_filtered_on(event_log, "grove.spawn.*")
         # Of the four messages appended since it was made, the server delivered the one spawn.
         assert consumer.delivered.consumer_seq == 1
-    finally:
-        await cancel_and_wait(running)
-        store.close()
 
 
 async def test_reached_answers_for_positions_of_other_kinds_from_the_log(
@@ -115,18 +120,11 @@ async def test_reached_answers_for_positions_of_other_kinds_from_the_log(
 async def test_a_position_before_an_event_of_its_kinds_needs_no_fold_of_that_event(
     event_log: EventLog, tmp_path: Path
 ) -> None:
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(
-        f"stopped-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
-    )
-    running = asyncio.create_task(runner.run())
-    try:
+    async with running_spawns(event_log, tmp_path) as runner:
         await asyncio.wait_for(runner.caught_up.wait(), 10)  # following spawns only
         first = await event_log.append(spawn_event(f"first-{new_id()}"))
         assert await runner.reached(first.seq, 10)
-    finally:
-        await cancel_and_wait(running)  # it folds nothing more
-        store.close()
+    # Stopped: it folds nothing more.
     admitted = await event_log.append(status_event(f"other-{new_id()}", "admitted"))
     second = await event_log.append(spawn_event(f"second-{new_id()}"))
     # Only a status between what was folded and the position: reached, though the spawn
@@ -142,10 +140,7 @@ async def test_a_waiter_from_the_catch_up_is_answered_after_it(
     agent = f"early-{new_id()}"
     await event_log.append(spawn_event(agent))
     admitted = await event_log.append(status_event(agent, "admitted"))
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(
-        f"early-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
-    )
+    runner = spawns_runner(event_log, tmp_path)
     # Asked before the runner reads anything: the catch-up folds every message, and a
     # position past its end is answered from the log after it.
     waiter = asyncio.create_task(runner.reached(admitted.seq + 1, 10))
@@ -157,7 +152,7 @@ async def test_a_waiter_from_the_catch_up_is_answered_after_it(
         assert await waiter
     finally:
         await cancel_and_wait(running)
-        store.close()
+        runner.store.close()
 
 
 async def test_a_filtered_consumer_the_server_refuses_at_first_is_made_again(
@@ -179,21 +174,13 @@ async def test_a_filtered_consumer_the_server_refuses_at_first_is_made_again(
 
     monkeypatch.setattr(event_log, "read", read)
     monkeypatch.setattr(projection, "FOLLOW_RETRY_S", 0.01)
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'p.db'}")
-    runner = tree_runner(
-        f"refused-{new_id()}", event_log, store, kinds=SPAWNS, follow_kinds_only=True
-    )
-    running = asyncio.create_task(runner.run())
-    try:
+    async with running_spawns(event_log, tmp_path) as runner:
         await asyncio.wait_for(runner.caught_up.wait(), 10)
         agent = f"later-{new_id()}"
         spawned = await event_log.append(spawn_event(agent))
         assert await runner.reached(spawned.seq, 10)
         assert agent in runner.state.agents
         assert refused == [1]
-    finally:
-        await cancel_and_wait(running)
-        store.close()
 
 
 def test_following_only_its_kinds_needs_kinds(event_log: EventLog, tmp_path: Path) -> None:
