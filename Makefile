@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The suite runs in two pytest workers (pytest-xdist): most tests wait on their own stack, so
+# two share two cores well. `make test PYTEST_ARGS=` runs it in one process.
+PYTEST_ARGS ?= -n 2
 
 .PHONY: run test lint schemas check-schemas asyncapi check-asyncapi install clean up bench
 
@@ -24,7 +27,7 @@ test: $(STAMP) ## lint, check generated files, run the whole suite
 	$(MAKE) lint
 	$(MAKE) check-schemas
 	$(MAKE) check-asyncapi
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check .

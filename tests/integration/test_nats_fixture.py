@@ -3,13 +3,17 @@ error, and a `local_nats` test gets a server process it can crash and restart.""
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import testcontainers.core.docker_client
 
+from grove_core import natsserver
 from grove_core.log import EventLog
+from grove_core.natsserver import LocalNatsServer, NatsServerError
 from tests.conftest import DOCKER_PING_TIMEOUT_S, NatsEndpoint, find_docker_problem
 
 pytestmark = pytest.mark.integration
@@ -42,3 +46,32 @@ async def test_a_local_nats_test_can_crash_and_restart_its_server(
         await log.ensure_stream()
     finally:
         await log.close()
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ports = iter([taken])
+        real_free_port = natsserver.free_port
+        # The first choice is a port another process holds, as a test beside this one might.
+        monkeypatch.setattr(
+            natsserver, "free_port", lambda host: next(ports, None) or real_free_port(host)
+        )
+
+        server = LocalNatsServer(tmp_path / "nats").start()
+        try:
+            assert server.port != taken
+            assert "address already in use" in (tmp_path / "nats" / "nats-server.log").read_text()
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/healthz") as r:
+                assert r.status == 200
+        finally:
+            server.stop()
+
+        given = LocalNatsServer(tmp_path / "given", port=taken)
+        with pytest.raises(NatsServerError, match=f"127.0.0.1:{taken}.*address already in use"):
+            given.start()
+        assert given.port == taken

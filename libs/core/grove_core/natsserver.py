@@ -41,6 +41,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+#: How many times a start chooses its ports again when another process took one first.
+PORT_ATTEMPTS = 5
+#: What nats-server logs when a port it should listen on is taken.
+ADDRESS_IN_USE = "address already in use"
+
+
+class _PortTaken(NatsServerError):
+    """The server exited at start-up because a port it should listen on was taken."""
+
+
+def _size(path: Path) -> int:
+    """A file's size (0 when there is none)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _written_since(path: Path, offset: int) -> str:
+    """What a log file gained after `offset` ('' when there is none)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @dataclass
 class LocalNatsServer:
     """A nats-server process with JetStream and a data folder, owned by this process."""
@@ -64,7 +92,28 @@ class LocalNatsServer:
         return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> LocalNatsServer:
-        """Start the server and wait until it answers /healthz."""
+        """Start the server and wait until it answers /healthz.
+
+        A port chosen here is free when chosen, but another process may bind it before the
+        server does (tests running side by side do): the server then exits at once, and the
+        port is chosen again, up to `PORT_ATTEMPTS` times. A port given, or kept from an
+        earlier start (a restart), is never changed.
+        """
+        choose_port, choose_monitor = not self.port, not self.monitor_port
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken as taken:
+                if not (choose_port or choose_monitor) or attempt == PORT_ATTEMPTS:
+                    raise NatsServerError(str(taken)) from None
+                if choose_port:
+                    self.port = 0
+                if choose_monitor:
+                    self.monitor_port = 0
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, timeout: float) -> LocalNatsServer:
+        """One start: spawn the process, wait for /healthz (`_PortTaken`: a port was taken)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port(self.host)
         self.monitor_port = self.monitor_port or free_port(self.host)
@@ -82,6 +131,7 @@ class LocalNatsServer:
             args += ["-c", str(config_file)]
         log_path = self.log_file or (self.data_dir / "nats-server.log")
         args += ["-l", str(log_path)]
+        log_offset = _size(log_path)
         self.process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -97,6 +147,10 @@ class LocalNatsServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = (self.process.stderr.read() if self.process.stderr else b"").decode()
+                said = _written_since(log_path, log_offset) + err
+                taken = [line for line in said.splitlines() if ADDRESS_IN_USE in line]
+                if taken:
+                    raise _PortTaken(f"nats-server could not start: {taken[-1].strip()}")
                 raise NatsServerError(
                     f"nats-server exited with {self.process.returncode}: {err.strip()} "
                     f"(see {log_path})"
