@@ -39,6 +39,9 @@ class Service:
         self.settings = settings
         self.stop_event = asyncio.Event()
         self.ready_checks: list[ReadyCheck] = []
+        #: Whether `setup` has returned: the HTTP endpoints answer before it has, while its
+        #: ready checks are not all registered yet.
+        self.set_up = False
         self.log: EventLog | None = None
         self.http_port = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -85,7 +88,9 @@ class Service:
     failed = False
 
     def ready(self) -> bool:
-        """Caught up and connected."""
+        """Set up, connected, and every ready check passes (the projection caught up...)."""
+        if not self.set_up:
+            return False
         connected = self.log is not None and self.log.nc.is_connected
         return connected and all(check() for check in self.ready_checks)
 
@@ -138,6 +143,7 @@ class Service:
             elif setup_task.exception() is not None:
                 raise setup_task.exception()  # type: ignore[misc]
             else:
+                self.set_up = True
                 collector.started()
             await self.stop_event.wait()
         finally:
