@@ -88,7 +88,7 @@ class Service:
     failed = False
 
     def ready(self) -> bool:
-        """Set up, connected, and every ready check passes (the projection caught up...)."""
+        """Set up, connected, and every ready check passes (caught up, serving requests)."""
         if not self.set_up:
             return False
         connected = self.log is not None and self.log.nc.is_connected
