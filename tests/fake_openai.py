@@ -20,8 +20,6 @@ from typing import Any
 
 from aiohttp import web
 
-from grove_core.natsserver import free_port
-
 PROMPT_TOKENS = 100
 COMPLETION_TOKENS = 20
 TOKENS_PER_CALL = PROMPT_TOKENS + COMPLETION_TOKENS
@@ -84,12 +82,14 @@ def answer(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class FakeOpenAI:
-    """The server, on 127.0.0.1 and a free port; it keeps every request and its headers."""
+    """The server, on 127.0.0.1 and a port the kernel gives it when it starts (so no other
+    process can take the port between choosing and binding it); it keeps every request and
+    its headers."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
-        self.port = free_port()
+        self.port = 0
         self._runner: web.AppRunner | None = None
 
     @property
@@ -134,7 +134,8 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._completions)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = int(self._runner.addresses[0][1])
         return self
 
     async def close(self) -> None:

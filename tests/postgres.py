@@ -20,6 +20,8 @@ import psycopg
 
 #: Seconds the server has to accept connections after it starts.
 START_WITHIN_S = 30.0
+#: Ports tried, each chosen afresh, before a start that finds its port taken gives up.
+PORT_ATTEMPTS = 5
 #: The superuser `initdb` makes (no password: only 127.0.0.1 reaches the server).
 SUPERUSER = "grove"
 
@@ -53,27 +55,48 @@ class LocalPostgres:
         self._databases = 0
 
     def start(self) -> LocalPostgres:
+        """Make the cluster and start the server. Another process may bind the chosen port
+        before the server does (tests run side by side); then it starts again on another."""
         if self.user is not None:
             shutil.chown(self.folder, self.user)
-        data = self.folder / "data"
-        log = (self.folder / "server.log").open("ab")
-        initdb = [str(self.bin_dir / "initdb"), "-D", str(data), "-U", SUPERUSER]
-        subprocess.run(
-            [*initdb, "-A", "trust", "-E", "UTF8", "--no-sync"],
-            check=True,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.folder,
-            user=self.user,
-        )
-        server = [str(self.bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1"]
-        self.process = subprocess.Popen(
-            [*server, "-p", str(self.port), "-k", str(self.folder), "-c", "fsync=off"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.folder,
-            user=self.user,
-        )
+        initdb = [str(self.bin_dir / "initdb"), "-D", str(self.folder / "data"), "-U", SUPERUSER]
+        with (self.folder / "server.log").open("ab") as log:
+            subprocess.run(
+                [*initdb, "-A", "trust", "-E", "UTF8", "--no-sync"],
+                check=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                user=self.user,
+            )
+        for _ in range(PORT_ATTEMPTS - 1):
+            log_offset = (self.folder / "server.log").stat().st_size
+            try:
+                return self._start_once()
+            except RuntimeError:
+                said = (self.folder / "server.log").read_bytes()[log_offset:]
+                if b"Address already in use" not in said:
+                    raise
+            self.port = _free_port()
+        return self._start_once()
+
+    def _start_once(self) -> LocalPostgres:
+        """Start the server on `self.port` and wait until it answers."""
+        server = [
+            str(self.bin_dir / "postgres"),
+            "-D",
+            str(self.folder / "data"),
+            "-h",
+            "127.0.0.1",
+        ]
+        with (self.folder / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [*server, "-p", str(self.port), "-k", str(self.folder), "-c", "fsync=off"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                user=self.user,
+            )
         self._wait_ready()
         return self
 
