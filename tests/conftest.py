@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ DOCKER_PING_TIMEOUT_S = 5
 DOCKER_MODES = ("auto", "always", "never")
 #: Why the Docker engine cannot run the NATS container (None: it can), once found out.
 _docker_problem: dict[str, str | None] = {}
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A port of 127.0.0.1 held by a listening socket, as a process beside a test may hold the
+    port the test chose a moment earlier."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield int(held.getsockname()[1])
 
 
 def pytest_configure(config: pytest.Config) -> None:

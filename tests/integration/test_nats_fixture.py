@@ -3,7 +3,6 @@ error, and a `local_nats` test gets a server process it can crash and restart.""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +13,7 @@ import testcontainers.core.docker_client
 from grove_core import natsserver
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, NatsServerError
-from tests.conftest import DOCKER_PING_TIMEOUT_S, NatsEndpoint, find_docker_problem
+from tests.conftest import DOCKER_PING_TIMEOUT_S, NatsEndpoint, find_docker_problem, held_port
 
 pytestmark = pytest.mark.integration
 
@@ -51,10 +50,7 @@ async def test_a_local_nats_test_can_crash_and_restart_its_server(
 def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
+    with held_port() as taken:
         ports = iter([taken])
         real_free_port = natsserver.free_port
         # The first choice is a port another process holds, as a test beside this one might.

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import psycopg
 import pytest
 
 from tests import postgres
+from tests.conftest import held_port
 from tests.postgres import LocalPostgres, postgres_bin_dir
 
 pytestmark = pytest.mark.integration
@@ -19,10 +18,7 @@ def test_a_port_taken_before_postgres_binds_it_is_chosen_again(
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server binaries (initdb, postgres) on this machine")
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
+    with held_port() as taken:
         # The first port chosen is one another process holds, as a test beside this one might.
         ports = iter([taken])
         real_free_port = postgres._free_port

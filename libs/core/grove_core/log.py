@@ -136,6 +136,17 @@ def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamC
     )
 
 
+def _record_of_stored(raw: js_api.RawStreamMsg) -> RawRecord:
+    """A message nats-py's `get_msg` or `get_last_msg` read from the stream, as a record."""
+    return RawRecord(
+        seq=int(raw.seq or 0),
+        subject=str(raw.subject),
+        data=raw.data or b"",
+        timestamp=stream_time(raw.time or datetime.now(UTC)),
+        headers=dict(raw.headers or {}),
+    )
+
+
 async def _any_reachable(servers: list[str], within: float) -> bool:
     """Whether any server accepts a TCP connection before `within` seconds have passed."""
     loop = asyncio.get_running_loop()
@@ -434,13 +445,7 @@ class EventLog:
             raw = await self.js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError:
             return None
-        return RawRecord(
-            seq=int(raw.seq or 0),
-            subject=str(raw.subject),
-            data=raw.data or b"",
-            timestamp=stream_time(raw.time or datetime.now(UTC)),
-            headers=dict(raw.headers or {}),
-        )
+        return _record_of_stored(raw)
 
     async def get_next(self, subject: str, from_seq: int) -> RawRecord | None:
         """The first message on a subject (wildcards allowed) at or after `from_seq`, or None."""
@@ -453,13 +458,7 @@ class EventLog:
             )
         except nats.js.errors.NotFoundError:
             return None
-        return RawRecord(
-            seq=int(raw.seq or 0),
-            subject=str(raw.subject),
-            data=raw.data or b"",
-            timestamp=stream_time(raw.time or datetime.now(UTC)),
-            headers=dict(raw.headers or {}),
-        )
+        return _record_of_stored(raw)
 
     async def _direct_get(self, subject: str, request: bytes) -> RawRecord | None:
         """A direct get (NATS ADR-31), read straight from the reply's headers: nats-py's
