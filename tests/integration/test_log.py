@@ -294,6 +294,32 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     assert [r is None for r in from_leader] == [r is None for r in direct]
 
 
+async def test_the_newest_sequence_is_asked_again_while_a_leader_is_elected(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cluster failing over does not answer JetStream requests for a few seconds; a caller
+    # asking for the newest sequence then (a client waiting for the router) gets it later.
+    agent = new_id()
+    appended = await event_log.append(spawn_event(agent))
+    real_stream_info = event_log.js.stream_info
+    unanswered = 4
+
+    async def electing(name: str) -> js_api.StreamInfo:
+        nonlocal unanswered
+        if unanswered:
+            unanswered -= 1
+            raise nats.errors.TimeoutError
+        return await real_stream_info(name)
+
+    monkeypatch.setattr(event_log.js, "stream_info", electing)
+
+    assert await event_log.last_seq() == appended.seq
+    unanswered = 2
+    name, last = await event_log.identity()
+    assert (name.split()[0], last) == (event_log.stream, appended.seq)
+    assert unanswered == 0
+
+
 async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(
     event_log: EventLog,
 ) -> None:

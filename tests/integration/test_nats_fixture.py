@@ -12,7 +12,7 @@ import testcontainers.core.docker_client
 
 from grove_core import natsserver
 from grove_core.log import EventLog
-from grove_core.natsserver import LocalNatsServer, NatsServerError
+from grove_core.natsserver import LocalNatsCluster, LocalNatsServer, NatsServerError
 from tests.conftest import DOCKER_PING_TIMEOUT_S, NatsEndpoint, find_docker_problem, held_port
 
 pytestmark = pytest.mark.integration
@@ -71,3 +71,30 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(
         with pytest.raises(NatsServerError, match=f"127.0.0.1:{taken}.*address already in use"):
             given.start()
         assert given.port == taken
+
+
+def test_a_cluster_chooses_its_route_ports_again_when_one_is_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with held_port() as taken:
+        ports = iter([taken])
+        real_free_port = natsserver.free_port
+        # The first route port chosen is one another process holds.
+        monkeypatch.setattr(
+            natsserver,
+            "free_port",
+            lambda host="127.0.0.1": next(ports, None) or real_free_port(host),
+        )
+
+        cluster = LocalNatsCluster(tmp_path / "cluster").start()
+        try:
+            routes = {arg for node in cluster.nodes for arg in node.extra_args}
+            assert f"nats://127.0.0.1:{taken}" not in routes
+            said = (tmp_path / "cluster" / "node-0" / "nats-server.log").read_text()
+            assert f"127.0.0.1:{taken}: bind: address already in use" in said
+            for node in cluster.nodes:
+                url = f"http://127.0.0.1:{node.monitor_port}/healthz?js-enabled-only=true"
+                with urllib.request.urlopen(url) as r:
+                    assert r.status == 200
+        finally:
+            cluster.stop()

@@ -266,9 +266,14 @@ class EventLog:
                     ) from None
                 await asyncio.sleep(0.2)
 
+    async def _stream_info(self) -> js_api.StreamInfo:
+        """The stream's info, asked again while its leader is being elected (a node of a
+        cluster failing over does not answer for a few seconds; see `while_electing`)."""
+        return await while_electing(lambda: self.js.stream_info(self.stream))
+
     async def last_seq(self) -> int:
         """The sequence of the newest message in the stream (0 when empty)."""
-        info = await self.js.stream_info(self.stream)
+        info = await self._stream_info()
         return int(info.state.last_seq)
 
     async def identity(self) -> tuple[str, int]:
@@ -278,7 +283,7 @@ class EventLog:
         and made again under the same name (its sequences start again at 1) has another one,
         while a restart of the server keeps it.
         """
-        info = await self.js.stream_info(self.stream)
+        info = await self._stream_info()
         made = info.created.isoformat() if info.created is not None else "unknown"
         return f"{self.stream} made {made}", int(info.state.last_seq)
 

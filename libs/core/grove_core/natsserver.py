@@ -211,7 +211,19 @@ class LocalNatsCluster:
         return ",".join(node.url for node in self.nodes)
 
     def start(self, timeout: float = 20.0) -> LocalNatsCluster:
-        """Start every node (at once: JetStream waits for a quorum) and wait until each answers."""
+        """Start every node (at once: JetStream waits for a quorum) and wait until each answers.
+
+        The nodes' route ports are chosen here. When another process binds one before its node
+        does, every node is stopped and the ports are chosen again, up to `PORT_ATTEMPTS` times.
+        """
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                self.stop()
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> LocalNatsCluster:
         route_ports = [free_port() for _ in range(self.size)]
         routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
         self.nodes = [
