@@ -98,3 +98,31 @@ def test_a_cluster_chooses_its_route_ports_again_when_one_is_taken(
                     assert r.status == 200
         finally:
             cluster.stop()
+
+
+def test_a_cluster_that_cannot_start_leaves_no_node_running(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with held_port() as taken:
+        routes_chosen = 0
+        real_free_port = natsserver.free_port
+
+        def first_route_port_always_taken(host: str | None = None) -> int:
+            nonlocal routes_chosen
+            if host is not None:  # a node's client or monitoring port
+                return real_free_port(host)
+            routes_chosen += 1
+            return taken if routes_chosen % 3 == 1 else real_free_port()
+
+        monkeypatch.setattr(natsserver, "free_port", first_route_port_always_taken)
+        cluster = LocalNatsCluster(tmp_path / "cluster")
+        with pytest.raises(NatsServerError, match="address already in use"):
+            cluster.start()
+
+    try:
+        assert routes_chosen == 3 * natsserver.PORT_ATTEMPTS
+        assert len(cluster.nodes) == 3
+        for node in cluster.nodes:
+            assert node.process is None or node.process.poll() is not None
+    finally:
+        cluster.stop()  # what a failing check finds running

@@ -215,12 +215,13 @@ class LocalNatsCluster:
 
         The nodes' route ports are chosen here. When another process binds one before its node
         does, every node is stopped and the ports are chosen again, up to `PORT_ATTEMPTS` times.
+        A start that fails leaves no node running.
         """
         for _ in range(PORT_ATTEMPTS - 1):
             try:
                 return self._start_once(timeout)
             except _PortTaken:
-                self.stop()
+                pass
         return self._start_once(timeout)
 
     def _start_once(self, timeout: float) -> LocalNatsCluster:
@@ -232,10 +233,14 @@ class LocalNatsCluster:
             )
             for index, port in enumerate(route_ports)
         ]
-        with ThreadPoolExecutor(max_workers=self.size) as pool:
-            for started in [pool.submit(node.start, timeout) for node in self.nodes]:
-                started.result()
-        self.wait_for_quorum(timeout)
+        try:
+            with ThreadPoolExecutor(max_workers=self.size) as pool:
+                for started in [pool.submit(node.start, timeout) for node in self.nodes]:
+                    started.result()
+            self.wait_for_quorum(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_for_quorum(self, timeout: float = 20.0) -> None:
