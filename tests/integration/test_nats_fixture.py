@@ -47,17 +47,23 @@ async def test_a_local_nats_test_can_crash_and_restart_its_server(
         await log.close()
 
 
+def choose_first(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    """Make `natsserver.free_port` answer `port` first (one another process holds, as a test
+    beside this one might), and choose freely after that."""
+    ports = iter([port])
+    real_free_port = natsserver.free_port
+    monkeypatch.setattr(
+        natsserver,
+        "free_port",
+        lambda host="127.0.0.1": next(ports, None) or real_free_port(host),
+    )
+
+
 def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     with held_port() as taken:
-        ports = iter([taken])
-        real_free_port = natsserver.free_port
-        # The first choice is a port another process holds, as a test beside this one might.
-        monkeypatch.setattr(
-            natsserver, "free_port", lambda host: next(ports, None) or real_free_port(host)
-        )
-
+        choose_first(monkeypatch, taken)
         server = LocalNatsServer(tmp_path / "nats").start()
         try:
             assert server.port != taken
@@ -77,15 +83,7 @@ def test_a_cluster_chooses_its_route_ports_again_when_one_is_taken(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     with held_port() as taken:
-        ports = iter([taken])
-        real_free_port = natsserver.free_port
-        # The first route port chosen is one another process holds.
-        monkeypatch.setattr(
-            natsserver,
-            "free_port",
-            lambda host="127.0.0.1": next(ports, None) or real_free_port(host),
-        )
-
+        choose_first(monkeypatch, taken)  # the first node's route port
         cluster = LocalNatsCluster(tmp_path / "cluster").start()
         try:
             routes = {arg for node in cluster.nodes for arg in node.extra_args}
