@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import gc
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -317,6 +317,46 @@ async def test_the_newest_sequence_is_asked_again_while_a_leader_is_elected(
     unanswered = 2
     name, last = await event_log.identity()
     assert (name.split()[0], last) == (event_log.stream, appended.seq)
+    assert unanswered == 0
+
+
+async def test_lookups_on_a_replicated_stream_are_asked_again_while_a_leader_is_elected(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = new_id()
+    spawn = await event_log.append(spawn_event(agent))
+    admitted = await event_log.append(status_event(agent, "admitted"))
+    info = await event_log.js.stream_info(event_log.stream)
+    three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
+
+    async def replicated_info(name: str) -> js_api.StreamInfo:
+        return three
+
+    monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
+    replicated = EventLog(event_log.nc, event_log.js)
+    unanswered = 0
+
+    def electing(lookup: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def answer_later(*args: Any, **kwargs: Any) -> Any:
+            nonlocal unanswered
+            if unanswered:
+                unanswered -= 1
+                raise nats.errors.TimeoutError
+            return await lookup(*args, **kwargs)
+
+        return answer_later
+
+    monkeypatch.setattr(event_log.js, "get_last_msg", electing(event_log.js.get_last_msg))
+    monkeypatch.setattr(event_log.js, "get_msg", electing(event_log.js.get_msg))
+
+    unanswered = 2
+    last = await replicated.get_last(subject_for("spawn", agent))
+    assert (unanswered, last and last.seq) == (0, spawn.seq)
+    unanswered = 2
+    following = await replicated.get_next(subject_for("status", agent), 1)
+    assert (unanswered, following and following.seq) == (0, admitted.seq)
+    unanswered = 1
+    assert await replicated.get_last(subject_for("terminate", agent)) is None
     assert unanswered == 0
 
 

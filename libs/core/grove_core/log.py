@@ -433,7 +433,8 @@ class EventLog:
         """Whether lookups are direct gets. Any replica of a stream answers a direct get, and
         a follower may not have the newest messages yet: a spawner that looked up an admitted
         agent's spawn there could find nothing and drop the admission. So a replicated
-        stream's lookups go to its leader; a single-replica stream's are direct (faster)."""
+        stream's lookups go to its leader (asked again while a leader is elected); a
+        single-replica stream's are direct (faster)."""
         if self._direct_reads is None:
             try:
                 info = await self.js.stream_info(self.stream)
@@ -447,7 +448,7 @@ class EventLog:
         if await self._direct():
             return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}.{subject}", b"")
         try:
-            raw = await self.js.get_last_msg(self.stream, subject)
+            raw = await while_electing(lambda: self.js.get_last_msg(self.stream, subject))
         except nats.js.errors.NotFoundError:
             return None
         return _record_of_stored(raw)
@@ -458,8 +459,10 @@ class EventLog:
             request = json.dumps({"seq": max(from_seq, 1), "next_by_subj": subject}).encode()
             return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}", request)
         try:
-            raw = await self.js.get_msg(
-                self.stream, seq=max(from_seq, 1), subject=subject, next=True
+            raw = await while_electing(
+                lambda: self.js.get_msg(
+                    self.stream, seq=max(from_seq, 1), subject=subject, next=True
+                )
             )
         except nats.js.errors.NotFoundError:
             return None
