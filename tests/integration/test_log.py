@@ -283,11 +283,13 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
             log.get_next(status, first.seq + 1),
             log.get_last(subject_for("terminate", agent)),  # none
             log.get_next(status, first.seq + 10),  # none after
+            log.get_at(first.seq),
+            log.get_at(first.seq + 10),  # none there
         ]
 
     direct = await asyncio.gather(*lookups(event_log))
     from_leader = await asyncio.gather(*lookups(replicated))
-    assert [r is None for r in direct] == [False, False, False, False, True, True]
+    assert [r is None for r in direct] == [False, False, False, False, True, True, False, True]
     assert [(r.seq, r.subject, r.data, r.timestamp) for r in direct if r is not None] == [
         (r.seq, r.subject, r.data, r.timestamp) for r in from_leader if r is not None
     ]
@@ -355,6 +357,9 @@ async def test_lookups_on_a_replicated_stream_are_asked_again_while_a_leader_is_
     unanswered = 2
     following = await replicated.get_next(subject_for("status", agent), 1)
     assert (unanswered, following and following.seq) == (0, admitted.seq)
+    unanswered = 2
+    at = await replicated.get_at(admitted.seq)
+    assert (unanswered, at and at.subject) == (0, subject_for("status", agent))
     unanswered = 1
     assert await replicated.get_last(subject_for("terminate", agent)) is None
     assert unanswered == 0

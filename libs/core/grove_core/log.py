@@ -468,6 +468,17 @@ class EventLog:
             return None
         return _record_of_stored(raw)
 
+    async def get_at(self, seq: int) -> RawRecord | None:
+        """The message at stream sequence `seq`, or None (never stored, or removed since)."""
+        if await self._direct():
+            request = json.dumps({"seq": seq}).encode()
+            return await self._direct_get(f"{JS_API}.DIRECT.GET.{self.stream}", request)
+        try:
+            raw = await while_electing(lambda: self.js.get_msg(self.stream, seq=seq))
+        except nats.js.errors.NotFoundError:
+            return None
+        return _record_of_stored(raw)
+
     async def _direct_get(self, subject: str, request: bytes) -> RawRecord | None:
         """A direct get (NATS ADR-31), read straight from the reply's headers: nats-py's
         `get_msg` (stream-name checks, JSON, its time parsing) adds about 20 µs of CPU to each

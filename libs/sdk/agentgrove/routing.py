@@ -21,7 +21,7 @@ import nats.errors
 import nats.js.errors
 
 from grove_core.log import EventLog, LogError
-from grove_core.records import RawRecord, decode_record
+from grove_core.records import decode_record
 from grove_events import (
     ControlEvent,
     Event,
@@ -372,16 +372,9 @@ class Routing:
     # -- inboxes ---------------------------------------------------------------------------
 
     async def _event_at(self, seq: int) -> Event:
-        try:
-            raw = await self.log.js.get_msg(self.log.stream, seq=seq, direct=True)
-        except nats.js.errors.NotFoundError:
-            raise RouterError(f"stream sequence {seq} is no longer in the log") from None
-        record = RawRecord(
-            seq=seq,
-            subject=str(raw.subject),
-            data=raw.data or b"",
-            timestamp=(raw.time or datetime.now(UTC)).astimezone(UTC),
-        )
+        record = await self.log.get_at(seq)
+        if record is None:
+            raise RouterError(f"stream sequence {seq} is no longer in the log")
         try:
             return decode_record(record).event
         except InvalidEvent as exc:
