@@ -253,6 +253,19 @@ async def test_set_up_gives_an_existing_stream_the_consumer_limit(event_log: Eve
     assert info.config.max_consumers == GROVE_STREAM.max_consumers
 
 
+async def as_replicated(event_log: EventLog, monkeypatch: pytest.MonkeyPatch) -> EventLog:
+    """Another `EventLog` on the same connection, to which the stream says it has three
+    replicas (as on a cluster): its lookups go to the stream's leader."""
+    info = await event_log.js.stream_info(event_log.stream)
+    three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
+
+    async def replicated_info(name: str) -> js_api.StreamInfo:
+        return three
+
+    monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
+    return EventLog(event_log.nc, event_log.js)
+
+
 async def test_lookups_are_direct_only_on_a_single_replica_stream(
     event_log: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -264,14 +277,7 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     await event_log.append(status_event(agent, "started"))
     assert await event_log._direct()
 
-    info = await event_log.js.stream_info(event_log.stream)
-    three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
-
-    async def replicated_info(name: str) -> js_api.StreamInfo:
-        return three
-
-    monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
-    replicated = EventLog(event_log.nc, event_log.js)
+    replicated = await as_replicated(event_log, monkeypatch)
     assert not await replicated._direct()
 
     def lookups(log: EventLog) -> list[Awaitable[RawRecord | None]]:
@@ -328,14 +334,7 @@ async def test_lookups_on_a_replicated_stream_are_asked_again_while_a_leader_is_
     agent = new_id()
     spawn = await event_log.append(spawn_event(agent))
     admitted = await event_log.append(status_event(agent, "admitted"))
-    info = await event_log.js.stream_info(event_log.stream)
-    three = dataclasses.replace(info, config=dataclasses.replace(info.config, num_replicas=3))
-
-    async def replicated_info(name: str) -> js_api.StreamInfo:
-        return three
-
-    monkeypatch.setattr(event_log.js, "stream_info", replicated_info)
-    replicated = EventLog(event_log.nc, event_log.js)
+    replicated = await as_replicated(event_log, monkeypatch)
     unanswered = 0
 
     def electing(lookup: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
