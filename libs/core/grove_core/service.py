@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -97,11 +98,13 @@ class Service:
     async def _serve_http(self) -> web.AppRunner:
         async def healthz(_: web.Request) -> web.Response:
             ok = self.log is not None and not self.log.nc.is_closed
-            return web.json_response({"ok": ok, "service": self.name}, status=200 if ok else 503)
+            body = {"ok": ok, "service": self.name, "pid": os.getpid()}
+            return web.json_response(body, status=200 if ok else 503)
 
         async def readyz(_: web.Request) -> web.Response:
             ok = self.ready()
-            return web.json_response({"ready": ok, "service": self.name}, status=200 if ok else 503)
+            body = {"ready": ok, "service": self.name, "pid": os.getpid()}
+            return web.json_response(body, status=200 if ok else 503)
 
         async def metrics(_: web.Request) -> web.Response:
             return web.Response(

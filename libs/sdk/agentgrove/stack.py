@@ -86,11 +86,17 @@ class ServiceProcess:
         self.env = {**self.env, "GROVE_HTTP_PORT": str(self.http_port)}
 
     def ready(self) -> bool:
-        """Whether /readyz answers 200."""
+        """Whether /readyz answers 200 from this process. Until the service binds its port,
+        another process may answer there (one that took the port first; the service then
+        exits, see `lost_its_port`), so the answer must name this process's id."""
+        if not self.alive:
+            return False
+        assert self.process is not None
         url = f"http://127.0.0.1:{self.http_port}/readyz"
         try:
             with urllib.request.urlopen(url, timeout=0.5) as resp:
-                return bool(resp.status == 200)
+                body = json.loads(resp.read())
+                return bool(resp.status == 200 and body.get("pid") == self.process.pid)
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
