@@ -119,6 +119,10 @@ def test_a_cluster_that_cannot_start_leaves_no_node_running(
 
     try:
         assert routes_chosen == 3 * natsserver.PORT_ATTEMPTS
+        # A node whose route port is taken fails at once: its own client and monitoring
+        # ports, free all along, are not chosen again.
+        said = (tmp_path / "cluster" / "node-0" / "nats-server.log").read_text()
+        assert said.count("address already in use") == natsserver.PORT_ATTEMPTS
         assert len(cluster.nodes) == 3
         for node in cluster.nodes:
             assert node.process is None or node.process.poll() is not None

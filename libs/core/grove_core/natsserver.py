@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -89,14 +90,23 @@ class LocalNatsServer:
         A port chosen here is free when chosen, but another process may bind it before the
         server does (tests running side by side do): the server then exits at once, and the
         port is chosen again, up to `PORT_ATTEMPTS` times. A port given, or kept from an
-        earlier start (a restart), is never changed.
+        earlier start (a restart), is never changed; nor is one in `extra_args` (a cluster
+        node's route port: the cluster chooses those again itself).
         """
         choose_port, choose_monitor = not self.port, not self.monitor_port
         for _ in range(PORT_ATTEMPTS - 1):
             try:
                 return self._start_once(timeout)
-            except _PortTaken:
-                if not (choose_port or choose_monitor):
+            except _PortTaken as taken:
+                chosen_here = [
+                    port
+                    for port, chosen in (
+                        (self.port, choose_port),
+                        (self.monitor_port, choose_monitor),
+                    )
+                    if chosen
+                ]
+                if not any(re.search(rf":{port}\b", str(taken)) for port in chosen_here):
                     raise
                 if choose_port:
                     self.port = 0
