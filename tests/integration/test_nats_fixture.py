@@ -122,7 +122,8 @@ def test_a_cluster_that_cannot_start_leaves_no_node_running(
         # A node whose route port is taken fails at once: its own client and monitoring
         # ports, free all along, are not chosen again.
         said = (tmp_path / "cluster" / "node-0" / "nats-server.log").read_text()
-        assert said.count("address already in use") == natsserver.PORT_ATTEMPTS
+        refused = f"127.0.0.1:{taken}: bind: address already in use"
+        assert said.count(refused) == natsserver.PORT_ATTEMPTS
         assert len(cluster.nodes) == 3
         for node in cluster.nodes:
             assert node.process is None or node.process.poll() is not None
