@@ -48,8 +48,9 @@ from grove_artifacts.domain import ArtifactIndex
 from grove_artifacts.domain import evolve as evolve_artifacts
 from grove_core.log import EventLog, LogError
 from grove_core.natsserver import LocalNatsCluster, LocalNatsServer
-from grove_core.projection import FoldState, ProjectionStore
+from grove_core.projection import ProjectionStore
 from grove_core.records import Recorded
+from grove_core.rows import FoldState
 from grove_events import (
     AgentConfig,
     ControlEvent,

@@ -19,7 +19,8 @@ from sqlalchemy import create_engine, func, select
 from agentgrove.client import GroveClient, build_config
 from agentgrove.stack import Stack
 from grove_core.log import EventLog
-from grove_core.projection import Origin, ProjectionStore, encode_row
+from grove_core.projection import Origin, ProjectionStore
+from grove_core.rows import encode_row
 from grove_spawner.sessions import SessionStore, entries_table
 from tests.integration.test_log import spawn_event, status_event
 from tests.integration.test_projection_origin import Folded

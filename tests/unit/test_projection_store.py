@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grove_core.projection import Origin, ProjectionStore, encode_row, plain
+from grove_core.projection import Origin, ProjectionStore
+from grove_core.rows import encode_row, plain
 from grove_router.domain import RouterState
 from grove_router.domain import evolve as evolve_router
 from tests.unit.helpers import Log

@@ -9,8 +9,9 @@ from typing import Any, Self, cast
 import pytest
 
 from grove_core.log import EventLog
-from grove_core.projection import KeyedState, Mark, ProjectionRunner, ProjectionStore
+from grove_core.projection import Mark, ProjectionRunner, ProjectionStore
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 
 pytestmark = pytest.mark.unit
 

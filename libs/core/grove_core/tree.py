@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from grove_core.projection import KeyedState
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 from grove_events import ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 #: Status types that say where an agent's lifecycle is (others are progress reports).

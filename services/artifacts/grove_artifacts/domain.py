@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from grove_core.projection import KeyedState
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 from grove_events import ArtifactEvent, ForkEvent, SpawnEvent
 
 #: Row keys of the agent -> tree map start with this (artifact ids cannot hold a colon).

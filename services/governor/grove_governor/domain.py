@@ -27,8 +27,8 @@ from grove_core.permissions import (
     refused_answer,
     spawn_refusal,
 )
-from grove_core.projection import KeyedState
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 from grove_events import (
     ControlEvent,
     ForkEvent,

@@ -30,8 +30,8 @@ from itertools import takewhile
 from typing import Any, Self
 
 from grove_core.permissions import effective_permissions, is_approval
-from grove_core.projection import KeyedState
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 from grove_core.tree import TreeState
 from grove_core.tree import evolve as evolve_tree
 from grove_events import (

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self, get_args
 
 from agentgrove.context import StartKind
-from grove_core.projection import KeyedState
 from grove_core.records import Recorded
+from grove_core.rows import KeyedState
 from grove_events import ControlEvent, ForkEvent, SpawnEvent, StatusEvent, TerminateEvent
 
 SPAWNER_ID_DETAIL = "spawner_id"

@@ -75,7 +75,7 @@ from grove_spawner.domain import (
     may_be_admission,
     start_allowed,
 )
-from grove_spawner.runtimes import RUNTIMES, AgentRun, Outcome
+from grove_spawner.runtimes import AgentRun, Outcome, Runtimes
 from grove_spawner.sessions import (
     SessionOpen,
     SessionOpener,
@@ -299,6 +299,7 @@ class Spawner:
         self.spawner_timeout = spawner_timeout
         self.stop_grace = stop_grace
         self.workspace = workspace or Path.cwd()
+        self.runtimes = Runtimes()
         #: GROVE_NATS_* settings for the processes of agents (never the spawner's own).
         self.agent_credentials = agent_credentials or {}
         self.running: dict[str, RunningAgent] = {}
@@ -566,7 +567,6 @@ class Spawner:
             await self._end_cancelled(agent, agent.tokens_before)
             return
         spawn = agent.spawn
-        runtime = RUNTIMES.get(spawn.config.runtime)
         context: AgentContext | None = None
         try:
             session = await self._open_session(agent)
@@ -596,11 +596,12 @@ class Spawner:
             agent.run = run
             if self.paused:
                 await self._pause(agent, "the system is paused")
+            runtime = await self.runtimes.get(spawn.config.runtime)
             if runtime is None:
                 outcome = Outcome(
                     completed=False,
                     error=f"runtime {spawn.config.runtime!r} is not available in this spawner "
-                    f"(available: {', '.join(RUNTIMES)})",
+                    f"(available: {', '.join(self.runtimes.names)})",
                 )
             else:
                 outcome = await runtime.run(run)

@@ -15,7 +15,6 @@ from agentgrove.cli.common import (
     run_async,
 )
 from agentgrove.client import GroveClient
-from agentgrove.mcp_server import serve_stdio
 from grove_events.envelope import TOKEN_PATTERN
 
 
@@ -34,6 +33,9 @@ def identity(args: argparse.Namespace) -> str:
 
 async def serve(args: argparse.Namespace) -> int:
     """`grove mcp`: connect as the agent and serve until the client closes stdin."""
+    # The MCP library takes half a second to import: only this command pays for it.
+    from agentgrove.mcp_server import serve_stdio  # noqa: PLC0415
+
     me = identity(args)
     async with await GroveClient.connect(nats_url(args)) as client:
         await require_agent(client, me)
