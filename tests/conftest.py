@@ -12,6 +12,7 @@ gets the binary.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -28,6 +29,9 @@ import pytest
 from agentgrove.stack import Stack
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer
+from grove_core.projection import ProjectionStore
+from grove_spawner.service import Spawner
+from grove_spawner.sessions import SessionStore
 from tests.postgres import LocalPostgres, postgres_bin_dir
 
 NatsContainer: Any
@@ -188,6 +192,26 @@ async def event_log(nats_server: NatsEndpoint) -> AsyncIterator[EventLog]:
         yield log
     finally:
         await log.close()
+
+
+@pytest.fixture
+async def spawner(
+    event_log: EventLog, nats_server: NatsEndpoint, tmp_path: Path
+) -> AsyncIterator[Spawner]:
+    """A spawner whose projection follows the log; no durable consumer (the test admits)."""
+    store = ProjectionStore(f"sqlite:///{tmp_path / 'spawner.db'}")
+    sessions = SessionStore(f"sqlite:///{tmp_path / 'sessions.db'}")
+    spawner = Spawner(event_log, store, "in-test", nats_server.url, sessions=sessions)
+    runner = asyncio.create_task(spawner.runner.run())
+    await spawner.runner.caught_up.wait()
+    try:
+        yield spawner
+    finally:
+        await spawner.shutdown()
+        runner.cancel()
+        await asyncio.wait([runner])
+        sessions.close()
+        store.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,16 +10,13 @@ lose that append).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentgrove.client import GroveClient, build_config
 from grove_core.log import Appended, EventLog
-from grove_core.projection import ProjectionStore
 from grove_core.records import Recorded
 from grove_events import (
     ControlEvent,
@@ -33,33 +30,11 @@ from grove_events import (
 )
 from grove_spawner import service
 from grove_spawner.service import Spawner
-from grove_spawner.sessions import SessionStore
-from tests.conftest import NatsEndpoint
 
 pytestmark = pytest.mark.integration
 
 #: Sleeps for a minute unless stopped.
 SLEEPER = build_config("python", entrypoint="tests.routing_agents:sleeps_then_drains")
-
-
-@pytest.fixture
-async def spawner(
-    event_log: EventLog, nats_server: NatsEndpoint, tmp_path: Path
-) -> AsyncIterator[Spawner]:
-    """A spawner whose projection follows the log; no durable consumer (the test admits)."""
-    store = ProjectionStore(f"sqlite:///{tmp_path / 'spawner.db'}")
-    sessions = SessionStore(f"sqlite:///{tmp_path / 'sessions.db'}")
-    spawner = Spawner(event_log, store, "in-test", nats_server.url, sessions=sessions)
-    runner = asyncio.create_task(spawner.runner.run())
-    await spawner.runner.caught_up.wait()
-    try:
-        yield spawner
-    finally:
-        await spawner.shutdown()
-        runner.cancel()
-        await asyncio.wait([runner])
-        sessions.close()
-        store.close()
 
 
 async def admit(event_log: EventLog, config: Any) -> tuple[str, Recorded]:

@@ -40,7 +40,7 @@ from grove_core.records import (
     stream_time,
     times_delivered,
 )
-from grove_core.replay import OrderedReader, while_electing
+from grove_core.replay import RETRY_PAUSE_S, OrderedReader, while_electing
 from grove_events import (
     GROVE_STREAM,
     Event,
@@ -62,6 +62,10 @@ JS_API = "$JS.API"
 LOOKUP_TIMEOUT_S = 10.0
 #: Seconds an append waits for the stream's acknowledgement.
 APPEND_TIMEOUT_S = 10.0
+#: How long the SDK's appends (agents, callers) are sent again while the log does not
+#: acknowledge them: a cluster electing a stream's leader, a server restarting. The services
+#: retry their own appends their own way.
+APPEND_PATIENCE_S = 30.0
 #: Appends of `append_many` unacknowledged at once, at most.
 APPEND_WINDOW = 2000
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
@@ -312,24 +316,50 @@ class EventLog:
         *,
         expect_last_seq: int | None = None,
         expect_subject: str | None = None,
+        patience: float = 0.0,
     ) -> Appended:
         """Append one event; a retry with the same event_id is stored once.
 
         With `expect_last_seq`, the append succeeds only if the last message on the event's
         subject (or on `expect_subject`, which may hold wildcards) has that sequence (0: none);
         otherwise ConcurrencyConflict is raised.
+
+        An append the log does not acknowledge raises LogError. With `patience` (seconds), it
+        is first sent again, every `RETRY_PAUSE_S`, until that much time has passed since the
+        first try: the stream keeps one copy (`duplicate` says a try before was stored). The
+        stream checks a guard before it looks for a copy, so a guarded append sent again finds
+        its own earlier try in the way; it is answered as that copy, not as a conflict.
         """
         subject = subject_for(event.type, event.agent_id)
         headers = self._headers(event, expect_last_seq, expect_subject)
-        try:
-            seq, duplicate = await self.acks.publish(subject, self._encoded(event), headers)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
-                raise ConcurrencyConflict(expect_subject or subject, expect_last_seq or 0) from None
-            raise refused(subject, exc.err_code, exc.description) from None
-        except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
-            raise self._unacknowledged(subject, exc) from None
-        return Appended(seq, duplicate)
+        data = self._encoded(event)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        sent_before = False
+        while True:
+            try:
+                seq, duplicate = await self.acks.publish(subject, data, headers)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise refused(subject, exc.err_code, exc.description) from None
+                guard = expect_subject or subject
+                if sent_before and expect_last_seq is not None:
+                    earlier = await self.get_next(guard, expect_last_seq + 1)
+                    if earlier is not None and earlier.data == data:
+                        return Appended(earlier.seq, True)
+                raise ConcurrencyConflict(guard, expect_last_seq or 0) from None
+            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+                sent_before = True
+                if loop.time() + RETRY_PAUSE_S > deadline:
+                    raise self._unacknowledged(subject, exc) from None
+                log.warning(
+                    "no acknowledgement for %s (%s); sending it again",
+                    subject,
+                    exc.__class__.__name__,
+                )
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            return Appended(seq, duplicate)
 
     def _unacknowledged(self, subject: str, exc: BaseException) -> LogError:
         return LogError(

@@ -19,7 +19,7 @@ from agentgrove.artifacts import Artifacts
 from agentgrove.results import AgentResult
 from agentgrove.routing import Routing
 from grove_core.auth import inbox_prefix
-from grove_core.log import EventLog, LogError
+from grove_core.log import APPEND_PATIENCE_S, EventLog, LogError
 from grove_core.records import Recorded
 from grove_core.settings import DEFAULT_NATS_URL
 from grove_core.tree import TreeState
@@ -164,7 +164,7 @@ class GroveClient:
             subscribe_parent=subscribe_parent,
             initial_context=initial_context,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return agent_id
 
     async def exists(self, agent_id: str) -> bool:
@@ -182,7 +182,7 @@ class GroveClient:
             issued_by=self.identity if self.identity != "caller" else None,
             **fields,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return event.event_id
 
     async def stop(self, agent_id: str, reason: str = "stopped by caller") -> str:
@@ -223,7 +223,7 @@ class GroveClient:
             subscriptions=subscriptions,
             config=config,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return agent_id
 
     async def _origin(self, agent_id: str) -> SpawnEvent | ForkEvent | None:

@@ -30,7 +30,7 @@ from agentgrove.routing import (
     UnknownRequest,
     riding_out_restarts,
 )
-from grove_core.log import EventLog, LogError
+from grove_core.log import APPEND_PATIENCE_S, EventLog, LogError
 from grove_events import (
     AgentConfig,
     HitlEvent,
@@ -243,7 +243,8 @@ class AgentContext:
                 causation_id=self._spawn.event_id,
                 status_type=status_type,
                 payload=StatusPayload(summary=summary, details=details),
-            )
+            ),
+            patience=APPEND_PATIENCE_S,
         )
         if status_type in END_STATUSES:
             self.reported_end = True

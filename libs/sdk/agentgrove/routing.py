@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import nats.errors
 import nats.js.errors
 
-from grove_core.log import EventLog, LogError
+from grove_core.log import APPEND_PATIENCE_S, EventLog, LogError
 from grove_core.records import decode_record
 from grove_events import (
     ControlEvent,
@@ -261,7 +261,7 @@ class Routing:
             requires_ack=requires_ack,
             ack_of=ack_of,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return event.event_id
 
     async def inject(self, agent_id: str, message: str) -> str:
@@ -274,7 +274,7 @@ class Routing:
             issued_by=self.identity if self.identity != "caller" else None,
             message=message,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return event.event_id
 
     async def ask(
@@ -304,7 +304,7 @@ class Routing:
             summary=summary,
             capability=capability,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return event.request_id
 
     async def answer(
@@ -339,7 +339,7 @@ class Routing:
             answer=answer,
             by=by or self.identity,
         )
-        await self.log.append(event)
+        await self.log.append(event, patience=APPEND_PATIENCE_S)
         return event.event_id
 
     async def requests(

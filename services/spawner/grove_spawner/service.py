@@ -39,7 +39,14 @@ from agentgrove.artifacts import ArtifactError, store_result
 from agentgrove.context import END_STATUSES, AgentContext, StartKind
 from grove_core import metrics
 from grove_core.auth import without_user
-from grove_core.log import ConcurrencyConflict, Delivery, DurableConsumer, EventLog, LogError
+from grove_core.log import (
+    APPEND_PATIENCE_S,
+    ConcurrencyConflict,
+    Delivery,
+    DurableConsumer,
+    EventLog,
+    LogError,
+)
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.records import RawRecord, Recorded, decode_record
 from grove_core.rpc import RpcServer
@@ -388,6 +395,10 @@ class Spawner:
             appended = await self.log.append(
                 self._status(agent, "started", f"started on {spawn.config.runtime}", details),
                 expect_last_seq=admitted.seq,
+                # A `started` stored whose acknowledgement was lost must be found as this
+                # spawner's: given up, the admission comes again, the agent has started, and
+                # nobody would run it.
+                patience=APPEND_PATIENCE_S,
             )
         except ConcurrencyConflict:
             self.running.pop(agent_id, None)
