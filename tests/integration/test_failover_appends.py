@@ -24,39 +24,45 @@ from tests.integration.test_spawner_stops import admit
 pytestmark = pytest.mark.integration
 
 
-async def test_an_append_whose_acknowledgement_was_lost_is_stored_once_when_sent_again(
-    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The stream stores each try, and the acknowledgements of the first ones are lost on the
-    # way back, as when the server that took them fails.
-    real_publish = event_log.acks.publish
-    lost = 0
+class LostAcknowledgements:
+    """The log's appends are stored, but the acknowledgements of the next `count` of them
+    (of those whose body holds `marker`) are lost on the way back, as when the server that
+    took them fails."""
 
-    async def acknowledgement_lost(
-        subject: str, payload: bytes, headers: dict[str, str]
+    def __init__(self, log: EventLog, monkeypatch: pytest.MonkeyPatch, marker: bytes = b"") -> None:
+        self.count = 0
+        self.marker = marker
+        self._publish = log.acks.publish
+        monkeypatch.setattr(log.acks, "publish", self.publish)
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str]
     ) -> tuple[int, bool]:
-        nonlocal lost
-        answer = await real_publish(subject, payload, headers)
-        if lost:
-            lost -= 1
+        answer = await self._publish(subject, payload, headers)
+        if self.count and self.marker in payload:
+            self.count -= 1
             raise nats.errors.TimeoutError
         return answer
 
-    monkeypatch.setattr(event_log.acks, "publish", acknowledgement_lost)
+
+async def test_an_append_whose_acknowledgement_was_lost_is_stored_once_when_sent_again(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lost = LostAcknowledgements(event_log, monkeypatch)
     agent = "a-" + "1" * 26
 
-    lost = 1
+    lost.count = 1
     with pytest.raises(LogError, match="no acknowledgement"):
         await event_log.append(spawn_event(agent))  # without patience: the caller hears at once
 
     # Sent again, the guarded append is answered as the copy its first try stored (a
     # duplicate), not refused because that copy is now the last on its subject (the stream
     # checks the guard before it looks for a copy).
-    lost = 1
+    lost.count = 1
     admitted = await event_log.append(
         status_event(agent, "admitted"), expect_last_seq=0, patience=10
     )
-    assert (lost, admitted.duplicate) == (0, True)
+    assert (lost.count, admitted.duplicate) == (0, True)
     info = await event_log.js.stream_info(event_log.stream)
     assert info.state.messages == 2
     last = await event_log.get_last(subject_for("status", agent))
@@ -64,10 +70,10 @@ async def test_an_append_whose_acknowledgement_was_lost_is_stored_once_when_sent
     assert last.seq == admitted.seq
 
     # Patience runs out: the error stands.
-    lost = 100
+    lost.count = 100
     with pytest.raises(LogError, match="no acknowledgement"):
         await event_log.append(status_event(agent, "started"), patience=0.8)
-    assert lost == 98
+    assert lost.count == 98
 
 
 async def test_a_message_sent_while_the_stream_leader_is_killed_is_stored_once(
@@ -104,23 +110,11 @@ async def test_a_started_stored_whose_acknowledgement_was_lost_runs_its_agent(
     spawner: Spawner, event_log: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent_id, admitted = await admit(event_log, python_agent("quick"))
-    real_publish = event_log.acks.publish
-    lost = 1
-
-    async def started_acknowledgement_lost(
-        subject: str, payload: bytes, headers: dict[str, str]
-    ) -> tuple[int, bool]:
-        nonlocal lost
-        answer = await real_publish(subject, payload, headers)
-        if lost and b'"status_type":"started"' in payload:
-            lost -= 1
-            raise nats.errors.TimeoutError
-        return answer
-
-    monkeypatch.setattr(event_log.acks, "publish", started_acknowledgement_lost)
+    lost = LostAcknowledgements(event_log, monkeypatch, b'"status_type":"started"')
+    lost.count = 1
     assert isinstance(admitted.event, StatusEvent)
     await spawner.start(admitted, admitted.event)
-    assert lost == 0
+    assert lost.count == 0
 
     ended = await wait_ended(event_log, [agent_id], timeout=30)
     assert ended[agent_id].reason == "completed"
