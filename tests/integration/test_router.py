@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,14 @@ from typing import Any
 import pytest
 
 from agentgrove import GroveClient, build_config
-from agentgrove.routing import InboxItem, RouterError, Routing
+from agentgrove.routing import (
+    BEHIND_WAIT_S,
+    ROUTER_TIMEOUT_S,
+    InboxItem,
+    RouterError,
+    Routing,
+    riding_out_restarts,
+)
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionStore
 from grove_events import (
@@ -160,7 +168,9 @@ async def test_a_wait_for_the_fold_is_answered_once_folded_and_refused_in_time_b
     await append_spawn(event_log, "waited")
     tip = await event_log.last_seq()
     await router.wait_applied(tip, 5)
-    with pytest.raises(QueryError, match=rf"folded the log to seq {tip}, not yet {tip + 1}"):
+    with pytest.raises(
+        QueryError, match=rf"not folded the log to seq {tip + 1} within 0.2 s .*at seq {tip}\)"
+    ):
         await router.wait_applied(tip + 1, 0.2)
     waiting = asyncio.create_task(router.wait_applied(tip + 1, 5))
     await asyncio.sleep(0.05)
@@ -253,6 +263,25 @@ async def test_inbox_is_ordered_and_durable_across_a_router_kill(
     assert [item.index for item in items] == list(range(1, count + 1))
     summary = await client.routing.summary(agent)
     assert summary["inbox"]["committed"] == count
+
+
+async def test_a_query_lost_with_a_killed_router_is_asked_again_within_seconds(
+    make_stack: StackFactory, client: GroveClient
+) -> None:
+    # A query that waits for the router's fold lets it wait `BEHIND_WAIT_S` at a time, so a
+    # router that dies holding the query costs that and the query's margin, not the 25 s a
+    # router far behind may take to fold.
+    stack = await asyncio.to_thread(make_stack)
+    agent = await client.spawn("5", READER)
+    router = stack.services["router"]
+    router.signal(signal.SIGSTOP)  # the next query waits, unread, in the router's socket
+    asking = asyncio.create_task(riding_out_restarts(lambda: client.routing.summary(agent)))
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(router.kill)
+    await asyncio.to_thread(stack.restart, "router")
+    async with asyncio.timeout(BEHIND_WAIT_S + ROUTER_TIMEOUT_S + 5):
+        summary = await asking
+    assert summary["state"] in {"admitted", "running"}
 
 
 async def test_ack_ttl_and_priority(make_stack: StackFactory, client: GroveClient) -> None:

@@ -34,9 +34,9 @@ async def ask(nc: Client, subject: str, request: Any, timeout: float = 5) -> Any
 async def server(nats_server: NatsEndpoint) -> AsyncIterator[RpcServer]:
     applied = 0
 
-    async def wait_applied(seq: int) -> None:
+    async def wait_applied(seq: int, wait: float | None) -> None:
         if applied < seq:
-            raise Refusal(f"folded to {applied}, not yet {seq}; retry", "behind")
+            raise Refusal(f"folded to {applied}, not yet {seq} (waited {wait}); retry", "behind")
 
     async def slow(request: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(float(request.get("seconds", 1.0)))
@@ -79,7 +79,13 @@ async def test_answers_refusals_and_failures(server: RpcServer, event_log: Event
         "error": "'after_seq' must be a whole number of at least 0"
     }
     assert await ask(nc, "grove.rpc.testsvc.fast", {"after_seq": 5}) == {
-        "error": "folded to 0, not yet 5; retry"
+        "error": "folded to 0, not yet 5 (waited None); retry"
+    }
+    assert await ask(nc, "grove.rpc.testsvc.fast", {"after_seq": 5, "after_seq_wait": 2}) == {
+        "error": "folded to 0, not yet 5 (waited 2.0); retry"
+    }
+    assert await ask(nc, "grove.rpc.testsvc.fast", {"after_seq": 5, "after_seq_wait": -1}) == {
+        "error": "'after_seq_wait' must be a number of seconds of at least 0"
     }
 
 

@@ -2,8 +2,10 @@
 
 A service answers `grove.rpc.<service>.<verb>`: a JSON object in, a JSON value out. A request
 may carry `after_seq`; the answer then waits until the service has folded the log at least
-that far (so a caller who has just appended an event sees it), or says the service is behind.
-A refusal is an object with `error` alone; an unexpected failure is answered the same way,
+that far (so a caller who has just appended an event sees it), or says the service is behind
+(a refusal whose text holds `grove_events.RPC_BEHIND`). `after_seq_wait` (seconds) shortens
+that wait: a caller that asks again after a short wait learns sooner that a service died with
+its request. A refusal is an object with `error` alone; an unexpected failure is answered the same way,
 naming it, so a caller never waits out its timeout because a handler broke. Requests run
 concurrently (a long poll does not hold up the others), up to `max_workers` at once.
 
@@ -31,7 +33,7 @@ from faststream.nats import (
 from faststream.nats.prometheus import NatsPrometheusMiddleware
 from prometheus_client import REGISTRY, Counter
 
-from grove_events import rpc_subject
+from grove_events import RPC_BEHIND, rpc_subject
 
 log = logging.getLogger(__name__)
 #: FastStream's own messages (one per task it starts or ends at INFO): warnings and errors only.
@@ -40,8 +42,9 @@ FASTSTREAM_LOG.setLevel(logging.WARNING)
 
 #: One verb: the request object in, the answer out.
 Verb = Callable[[dict[str, Any]], Awaitable[Any]]
-#: Waits until the service has folded the log to a sequence (raises a refusal when behind).
-WaitApplied = Callable[[int], Awaitable[None]]
+#: Waits until the service has folded the log to a sequence, for at most the seconds given
+#: (None: the service's own limit); raises a refusal when behind (see `behind`).
+WaitApplied = Callable[[int, float | None], Awaitable[None]]
 
 #: Requests one server handles at once, per verb.
 MAX_WORKERS = 64
@@ -88,6 +91,24 @@ def after_seq(request: dict[str, Any]) -> int | None:
     return after
 
 
+def after_seq_wait(request: dict[str, Any]) -> float | None:
+    """The request's `after_seq_wait`, checked (None: not given)."""
+    wait = request.get("after_seq_wait")
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+        raise Refusal("'after_seq_wait' must be a number of seconds of at least 0", "bad_request")
+    return float(wait)
+
+
+def behind(service: str, applied: int, seq: int, waited: float) -> str:
+    """The text of a refusal because the service's fold has not reached `seq` in time."""
+    return (
+        f"the {service} {RPC_BEHIND} {seq} within {waited:g} s (its last event is at seq "
+        f"{applied}); retry in a moment"
+    )
+
+
 def nats_security(
     user: str | None,
     password: str | None,
@@ -131,7 +152,7 @@ class RpcServer:
             request = parse_request(data)
             after = after_seq(request)
             if after is not None and self.wait_applied is not None:
-                await self.wait_applied(after)
+                await self.wait_applied(after, after_seq_wait(request))
             answer = await self.verbs[verb](request)
         except self.refusals as exc:
             REQUESTS.labels(self.service, verb, "refused").inc()

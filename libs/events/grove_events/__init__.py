@@ -28,6 +28,7 @@ from grove_events.kinds import (
 )
 from grove_events.stream import GROVE_STREAM, STREAM_NAME, StreamDefinition
 from grove_events.subjects import (
+    RPC_BEHIND,
     agent_wildcard,
     deadletter_subject,
     kind_wildcard,
@@ -43,6 +44,7 @@ __all__ = [
     "EVENT_CLASSES",
     "GROVE_STREAM",
     "KINDS",
+    "RPC_BEHIND",
     "STREAM_NAME",
     "AgentConfig",
     "ArtifactEvent",

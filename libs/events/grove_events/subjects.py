@@ -31,6 +31,11 @@ def deadletter_subject(kind: str, seq: int) -> str:
     return f"{DEADLETTER}.{kind}.{seq}"
 
 
+#: In the text of a request-reply refusal that says the service has not folded the log as far
+#: as the request's `after_seq` in time: the caller may ask again.
+RPC_BEHIND = "has not folded the log to seq"
+
+
 def rpc_subject(service: str, verb: str) -> str:
     """A request-reply subject, `grove.rpc.<service>.<verb>` (not on the stream)."""
     return f"{RPC}.{service}.{verb}"

@@ -23,6 +23,7 @@ import nats.js.errors
 from grove_core.log import APPEND_PATIENCE_S, EventLog, LogError
 from grove_core.records import decode_record
 from grove_events import (
+    RPC_BEHIND,
     ControlEvent,
     Event,
     HitlEvent,
@@ -44,6 +45,12 @@ POLL_MARGIN_S = 2.0
 RETRY_S = 0.5
 #: How long an agent's call that needs the router waits for a restarting one.
 ROUTER_RESTART_S = 60.0
+#: How long in all a query waits for the router to fold the log up to what it asks after.
+FOLD_WAIT_S = 25.0
+#: How long one such request lets the router wait for its fold (`after_seq_wait`); then the
+#: router answers that it is behind, and it is asked again, up to `FOLD_WAIT_S` in all. So a
+#: router that died with the request costs this and the request's margin, not the whole wait.
+BEHIND_WAIT_S = 5.0
 
 T = TypeVar("T")
 
@@ -72,6 +79,10 @@ class RouterError(LogError):
 
 class RouterUnavailable(RouterError):
     """The router did not answer in time (it may be restarting)."""
+
+
+class RouterBehind(RouterError):
+    """The router has not folded the log as far as the query asked in time."""
 
 
 class UnknownRequest(LookupError):
@@ -173,13 +184,29 @@ class Routing:
             ) from None
         answer: dict[str, Any] = json.loads(reply.data)
         if set(answer) == {"error"}:  # a refusal is the error alone
+            if RPC_BEHIND in answer["error"]:
+                raise RouterBehind(f"router: {answer['error']}")
             raise RouterError(f"router: {answer['error']}")
         return answer
 
+    async def _after_fold(
+        self, verb: str, request: dict[str, Any], after: int, timeout: float = ROUTER_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Ask once the router has folded the log up to `after`: each request lets it wait
+        `BEHIND_WAIT_S` for that, and it is asked again while behind, up to `FOLD_WAIT_S`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FOLD_WAIT_S
+        asked = {**request, "after_seq": after, "after_seq_wait": BEHIND_WAIT_S}
+        while True:
+            try:
+                return await self.rpc(verb, asked, timeout + BEHIND_WAIT_S)
+            except RouterBehind:
+                if loop.time() + BEHIND_WAIT_S > deadline:
+                    raise
+
     async def _fresh(self, verb: str, request: dict[str, Any]) -> dict[str, Any]:
         """Ask once the router has folded everything in the log now."""
-        after = await self.log.last_seq()
-        return await self.rpc(verb, {**request, "after_seq": after}, ROUTER_TIMEOUT_S + 25)
+        return await self._after_fold(verb, request, await self.log.last_seq())
 
     async def summary(self, agent_id: str) -> dict[str, Any]:
         """`get_agent_summary`: state, task, last status, children, pending questions, usage."""
@@ -399,11 +426,11 @@ class Routing:
         request: dict[str, Any] = {"agent_id": agent_id, "limit": limit, "wait": wait}
         if after is not None:
             request["after"] = after
-        timeout = margin + wait
         if fresh:
-            request["after_seq"] = await self.log.last_seq()
-            timeout += 25
-        answer = await self.rpc("inbox", request, timeout=timeout)
+            after_seq = await self.log.last_seq()
+            answer = await self._after_fold("inbox", request, after_seq, margin + wait)
+        else:
+            answer = await self.rpc("inbox", request, timeout=margin + wait)
         items = [
             InboxItem(
                 index=entry["index"],

@@ -67,7 +67,7 @@ from grove_core.config import ArtifactLimits, load_config
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.records import Recorded
-from grove_core.rpc import RpcServer
+from grove_core.rpc import RpcServer, behind
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_events import ArtifactEvent, new_id
@@ -269,14 +269,12 @@ class ArtifactStore:
         BLOB_BYTES.set(self.state.blob_bytes)
         ARTIFACTS.set(self.state.total_count)
 
-    async def wait_applied(self, seq: int, timeout: float = MAX_WAIT_S) -> None:
-        """Wait until the index has folded the log to `seq`; refused after `timeout`."""
+    async def wait_applied(self, seq: int, timeout: float | None = None) -> None:
+        """Wait until the index has folded the log to `seq`; refused after `timeout` (at most,
+        and by default, `MAX_WAIT_S`)."""
+        timeout = MAX_WAIT_S if timeout is None else min(timeout, MAX_WAIT_S)
         if not await self.runner.reached(seq, timeout):
-            raise Refused(
-                "behind",
-                f"the artifact index has not folded the log to seq {seq} within {timeout:g} s "
-                f"(its last event is at seq {self.runner.applied_seq}); retry in a moment",
-            )
+            raise Refused("behind", behind("artifact index", self.runner.applied_seq, seq, timeout))
 
     # -- serving -----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from grove_core.config import load_config
 from grove_core.log import EventLog
 from grove_core.projection import ProjectionRunner, ProjectionStore
 from grove_core.records import Recorded
-from grove_core.rpc import RpcServer
+from grove_core.rpc import RpcServer, behind
 from grove_core.service import Service, run_service
 from grove_core.settings import ServiceSettings
 from grove_core.tree import AgentNode
@@ -117,7 +117,7 @@ class Router:
         self.rpc = RpcServer(
             NAME,
             self.verbs,
-            wait_applied=lambda seq: self.wait_applied(seq, MAX_WAIT_S),
+            wait_applied=self.wait_applied,
             refusals=(QueryError,),
         )
 
@@ -145,13 +145,12 @@ class Router:
             if waiter is not None:
                 waiter.set()
 
-    async def wait_applied(self, seq: int, timeout: float) -> None:
-        """Wait until the fold has reached `seq`; QueryError after `timeout`."""
+    async def wait_applied(self, seq: int, timeout: float | None = None) -> None:
+        """Wait until the fold has reached `seq`; QueryError after `timeout` (at most, and by
+        default, `MAX_WAIT_S`)."""
+        timeout = MAX_WAIT_S if timeout is None else min(timeout, MAX_WAIT_S)
         if not await self.runner.reached(seq, timeout):
-            raise QueryError(
-                f"the router has folded the log to seq {self.runner.applied_seq}, not yet "
-                f"{seq}; retry in a moment"
-            )
+            raise QueryError(behind(NAME, self.runner.applied_seq, seq, timeout))
 
     # -- serving -----------------------------------------------------------------------------
 
