@@ -364,6 +364,35 @@ async def test_lookups_on_a_replicated_stream_are_asked_again_while_a_leader_is_
     assert unanswered == 0
 
 
+async def test_direct_lookups_are_asked_again_while_the_server_does_not_answer(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On one server, a lookup is a direct get: a server restarting does not answer it.
+    agent = new_id()
+    spawn = await event_log.append(spawn_event(agent))
+    assert await event_log._direct()
+    real_request = event_log.nc.request
+    unanswered = 0
+
+    async def restarting(subject: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal unanswered
+        if unanswered and ".DIRECT.GET." in f"{subject}.":
+            unanswered -= 1
+            raise nats.errors.TimeoutError
+        return await real_request(subject, *args, **kwargs)
+
+    monkeypatch.setattr(event_log.nc, "request", restarting)
+    unanswered = 2
+    last = await event_log.get_last(subject_for("spawn", agent))
+    assert (unanswered, last and last.seq) == (0, spawn.seq)
+    unanswered = 2
+    at = await event_log.get_at(spawn.seq)
+    assert (unanswered, at and at.subject) == (0, subject_for("spawn", agent))
+    unanswered = 1
+    assert await event_log.get_next(subject_for("status", agent), 1) is None
+    assert unanswered == 0
+
+
 async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(
     event_log: EventLog,
 ) -> None:

@@ -512,8 +512,12 @@ class EventLog:
     async def _direct_get(self, subject: str, request: bytes) -> RawRecord | None:
         """A direct get (NATS ADR-31), read straight from the reply's headers: nats-py's
         `get_msg` (stream-name checks, JSON, its time parsing) adds about 20 µs of CPU to each
-        lookup, and the spawner makes several lookups for every agent it starts."""
-        reply = await self.nc.request(subject, request, timeout=LOOKUP_TIMEOUT_S)
+        lookup, and the spawner makes several lookups for every agent it starts. A lookup the
+        server does not answer (restarting, or failing over) is asked again, as the leader's
+        lookups are."""
+        reply = await while_electing(
+            lambda: self.nc.request(subject, request, timeout=LOOKUP_TIMEOUT_S)
+        )
         headers = reply.headers or {}
         status = headers.get("Status")
         if status and not reply.data:
