@@ -76,6 +76,16 @@ async def test_an_append_whose_acknowledgement_was_lost_is_stored_once_when_sent
     assert lost.count == 98
 
 
+async def test_an_append_to_a_log_without_its_stream_fails_at_once_however_patient(
+    event_log: EventLog,
+) -> None:
+    # No stream answers during an election either; but here the server says there is none.
+    await event_log.js.delete_stream(event_log.stream)
+    async with asyncio.timeout(5):
+        with pytest.raises(LogError, match="NoStreamResponseError"):
+            await event_log.append(spawn_event("a-" + "3" * 26), patience=30)
+
+
 async def test_a_message_sent_while_the_stream_leader_is_killed_is_stored_once(
     tmp_path: Path,
 ) -> None:

@@ -66,6 +66,8 @@ APPEND_TIMEOUT_S = 10.0
 #: acknowledge them: a cluster electing a stream's leader, a server restarting. The services
 #: retry their own appends their own way.
 APPEND_PATIENCE_S = 30.0
+#: How long a patient append that no stream answered waits to hear whether the stream exists.
+STREAM_CHECK_TIMEOUT_S = 1.0
 #: Appends of `append_many` unacknowledged at once, at most.
 APPEND_WINDOW = 2000
 #: JetStream's error code for "wrong last sequence": someone else wrote first.
@@ -349,17 +351,36 @@ class EventLog:
                         return Appended(earlier.seq, True)
                 raise ConcurrencyConflict(guard, expect_last_seq or 0) from None
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
-                sent_before = True
-                if loop.time() + RETRY_PAUSE_S > deadline:
+                if (
+                    loop.time() + RETRY_PAUSE_S > deadline
+                    or (not sent_before
+                        and isinstance(exc, nats.js.errors.NoStreamResponseError)
+                        and await self._stream_missing())
+                ):  # fmt: skip
                     raise self._unacknowledged(subject, exc) from None
-                log.warning(
-                    "no acknowledgement for %s (%s); sending it again",
-                    subject,
-                    exc.__class__.__name__,
-                )
+                if not sent_before:
+                    log.warning(
+                        "no acknowledgement for %s (%s); sending it again for up to %g s",
+                        subject,
+                        exc.__class__.__name__,
+                        patience,
+                    )
+                sent_before = True
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             return Appended(seq, duplicate)
+
+    async def _stream_missing(self) -> bool:
+        """Whether the server says at once that the stream does not exist. No stream answers
+        an append while a cluster elects the stream's leader either; then the server does not
+        say so, or does not answer in time."""
+        try:
+            await asyncio.wait_for(self.js.stream_info(self.stream), STREAM_CHECK_TIMEOUT_S)
+        except nats.js.errors.NotFoundError:
+            return True
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return False
 
     def _unacknowledged(self, subject: str, exc: BaseException) -> LogError:
         return LogError(
