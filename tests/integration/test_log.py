@@ -18,6 +18,7 @@ from nats.js import api as js_api
 from prometheus_client import REGISTRY
 
 from grove_core.log import (
+    JS_API,
     Append,
     Appended,
     ConcurrencyConflict,
@@ -302,6 +303,27 @@ async def test_lookups_are_direct_only_on_a_single_replica_stream(
     assert [r is None for r in from_leader] == [r is None for r in direct]
 
 
+class Unanswered:
+    """Passes calls through, but the next `count` of them (of those `asked` accepts) time out
+    first, as when a server restarts or a cluster elects a stream's leader."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def around(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        asked: Callable[..., bool] = lambda *args, **kwargs: True,
+    ) -> Callable[..., Awaitable[Any]]:
+        async def answer_later(*args: Any, **kwargs: Any) -> Any:
+            if self.count and asked(*args, **kwargs):
+                self.count -= 1
+                raise nats.errors.TimeoutError
+            return await call(*args, **kwargs)
+
+        return answer_later
+
+
 async def test_the_newest_sequence_is_asked_again_while_a_leader_is_elected(
     event_log: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,88 +331,60 @@ async def test_the_newest_sequence_is_asked_again_while_a_leader_is_elected(
     # asking for the newest sequence then (a client waiting for the router) gets it later.
     agent = new_id()
     appended = await event_log.append(spawn_event(agent))
-    real_stream_info = event_log.js.stream_info
-    unanswered = 4
+    unanswered = Unanswered()
+    monkeypatch.setattr(event_log.js, "stream_info", unanswered.around(event_log.js.stream_info))
 
-    async def electing(name: str) -> js_api.StreamInfo:
-        nonlocal unanswered
-        if unanswered:
-            unanswered -= 1
-            raise nats.errors.TimeoutError
-        return await real_stream_info(name)
-
-    monkeypatch.setattr(event_log.js, "stream_info", electing)
-
+    unanswered.count = 4
     assert await event_log.last_seq() == appended.seq
-    unanswered = 2
+    unanswered.count = 2
     name, last = await event_log.identity()
     assert (name.split()[0], last) == (event_log.stream, appended.seq)
-    assert unanswered == 0
+    assert unanswered.count == 0
 
 
 async def test_lookups_on_a_replicated_stream_are_asked_again_while_a_leader_is_elected(
     event_log: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    agent = new_id()
-    spawn = await event_log.append(spawn_event(agent))
-    admitted = await event_log.append(status_event(agent, "admitted"))
     replicated = await as_replicated(event_log, monkeypatch)
-    unanswered = 0
-
-    def electing(lookup: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def answer_later(*args: Any, **kwargs: Any) -> Any:
-            nonlocal unanswered
-            if unanswered:
-                unanswered -= 1
-                raise nats.errors.TimeoutError
-            return await lookup(*args, **kwargs)
-
-        return answer_later
-
-    monkeypatch.setattr(event_log.js, "get_last_msg", electing(event_log.js.get_last_msg))
-    monkeypatch.setattr(event_log.js, "get_msg", electing(event_log.js.get_msg))
-
-    unanswered = 2
-    last = await replicated.get_last(subject_for("spawn", agent))
-    assert (unanswered, last and last.seq) == (0, spawn.seq)
-    unanswered = 2
-    following = await replicated.get_next(subject_for("status", agent), 1)
-    assert (unanswered, following and following.seq) == (0, admitted.seq)
-    unanswered = 2
-    at = await replicated.get_at(admitted.seq)
-    assert (unanswered, at and at.subject) == (0, subject_for("status", agent))
-    unanswered = 1
-    assert await replicated.get_last(subject_for("terminate", agent)) is None
-    assert unanswered == 0
+    unanswered = Unanswered()
+    monkeypatch.setattr(event_log.js, "get_last_msg", unanswered.around(event_log.js.get_last_msg))
+    monkeypatch.setattr(event_log.js, "get_msg", unanswered.around(event_log.js.get_msg))
+    await lookups_asked_again(replicated, unanswered)
 
 
 async def test_direct_lookups_are_asked_again_while_the_server_does_not_answer(
     event_log: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # On one server, a lookup is a direct get: a server restarting does not answer it.
-    agent = new_id()
-    spawn = await event_log.append(spawn_event(agent))
     assert await event_log._direct()
-    real_request = event_log.nc.request
-    unanswered = 0
+    unanswered = Unanswered()
 
-    async def restarting(subject: str, *args: Any, **kwargs: Any) -> Any:
-        nonlocal unanswered
-        if unanswered and ".DIRECT.GET." in f"{subject}.":
-            unanswered -= 1
-            raise nats.errors.TimeoutError
-        return await real_request(subject, *args, **kwargs)
+    def direct_get(subject: str, *args: Any, **kwargs: Any) -> bool:
+        return f"{subject}.".startswith(f"{JS_API}.DIRECT.GET.")
 
-    monkeypatch.setattr(event_log.nc, "request", restarting)
-    unanswered = 2
-    last = await event_log.get_last(subject_for("spawn", agent))
-    assert (unanswered, last and last.seq) == (0, spawn.seq)
-    unanswered = 2
-    at = await event_log.get_at(spawn.seq)
-    assert (unanswered, at and at.subject) == (0, subject_for("spawn", agent))
-    unanswered = 1
-    assert await event_log.get_next(subject_for("status", agent), 1) is None
-    assert unanswered == 0
+    monkeypatch.setattr(
+        event_log.nc, "request", unanswered.around(event_log.nc.request, direct_get)
+    )
+    await lookups_asked_again(event_log, unanswered)
+
+
+async def lookups_asked_again(log: EventLog, unanswered: Unanswered) -> None:
+    """Each kind of lookup, found (or not) after the first tries went unanswered."""
+    agent = new_id()
+    spawn_seq = (await log.append(spawn_event(agent))).seq
+    admitted_seq = (await log.append(status_event(agent, "admitted"))).seq
+    unanswered.count = 2
+    last = await log.get_last(subject_for("spawn", agent))
+    assert (unanswered.count, last and last.seq) == (0, spawn_seq)
+    unanswered.count = 2
+    following = await log.get_next(subject_for("status", agent), 1)
+    assert (unanswered.count, following and following.seq) == (0, admitted_seq)
+    unanswered.count = 2
+    at = await log.get_at(admitted_seq)
+    assert (unanswered.count, at and at.subject) == (0, subject_for("status", agent))
+    unanswered.count = 1
+    assert await log.get_last(subject_for("terminate", agent)) is None
+    assert unanswered.count == 0
 
 
 async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(
