@@ -17,8 +17,9 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from agentgrove.launcher import Launcher
 from grove_core.auth import LocalAuth, redact
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
@@ -44,6 +45,18 @@ class StackError(RuntimeError):
     """The stack could not be started."""
 
 
+class ProcessHandle(Protocol):
+    """What a stack uses of a service's process: a `subprocess.Popen`, or a `ForkedProcess`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class ServiceProcess:
     """One service process of the stack."""
@@ -53,7 +66,9 @@ class ServiceProcess:
     env: dict[str, str]
     log_path: Path
     http_port: int
-    process: subprocess.Popen[bytes] | None = None
+    #: Forks the process from a launcher that has imported the services (else `python -m`).
+    launcher: Launcher | None = None
+    process: ProcessHandle | None = None
 
     @property
     def alive(self) -> bool:
@@ -63,6 +78,9 @@ class ServiceProcess:
     def start(self) -> None:
         """Start (or restart) the process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.launcher is not None:
+            self.process = self.launcher.start(self.module, self.env, self.log_path)
+            return
         with self.log_path.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", self.module],
@@ -140,6 +158,8 @@ class Stack:
     auth: bool = False
     #: Replicas of the GROVE stream (3 on a three-node cluster, as in production).
     stream_replicas: int = 1
+    #: Start the services by forking them from this launcher (see `agentgrove.launcher`).
+    launcher: Launcher | None = None
     nats: LocalNatsServer | None = field(default=None, init=False)
     local_auth: LocalAuth | None = field(default=None, init=False)
     services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
@@ -222,6 +242,7 @@ class Stack:
             env=env,
             log_path=self.data_dir / "logs" / f"{name}.log",
             http_port=int(env["GROVE_HTTP_PORT"]),
+            launcher=self.launcher,
         )
 
     def _write_state(self) -> None:
