@@ -250,16 +250,11 @@ def make_stack(
     service_launcher: Launcher,
 ) -> Iterator[StackFactory]:
     """Start the services as processes against the test's nats-server, forked from the
-    run's launcher (`forked=False`: each started with `python -m`, as `grove up` does)."""
+    run's launcher (the tests of `grove up` and of `Stack` start them with `python -m`)."""
     stacks: list[Stack] = []
 
     def factory(
-        *,
-        spawners: int = 1,
-        config: str | None = None,
-        name: str = "stack",
-        forked: bool = True,
-        **env: str,
+        *, spawners: int = 1, config: str | None = None, name: str = "stack", **env: str
     ) -> Stack:
         data_dir = tmp_path / name
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +268,7 @@ def make_stack(
             spawners=spawners,
             config_file=config_file,
             extra_env={"PYTHONPATH": str(REPO), **env},
-            launcher=service_launcher if forked else None,
+            launcher=service_launcher,
         )
         stacks.append(stack)
         return stack.start()
