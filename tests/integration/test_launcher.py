@@ -78,3 +78,12 @@ def test_a_closed_launcher_says_so(tmp_path: Path) -> None:
     launcher.close()
     with pytest.raises(LauncherError, match="closed"):
         launcher.start("tests.launched", ENV, tmp_path / "c.log")
+
+
+def test_a_log_that_cannot_be_opened_is_refused_and_starts_nothing(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    with pytest.raises(LauncherError, match="cannot open the log"):
+        launcher.start("tests.launched", ENV, tmp_path / "no-such-folder" / "c.log")
+    child = launcher.start("tests.launched", ENV, tmp_path / "c.log")
+    assert child.wait(10) == 0, "the launcher goes on"

@@ -23,6 +23,7 @@ import importlib
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,13 +199,9 @@ class ForkedProcess:
         if self.poll() is None:
             os.kill(self.pid, sig)
 
-    def terminate(self) -> None:
-        """SIGTERM."""
-        self.send_signal(15)
-
     def kill(self) -> None:
         """SIGKILL."""
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 # -- the launcher process -----------------------------------------------------------------
@@ -228,12 +225,19 @@ def serve(modules: Sequence[str]) -> None:
         _reap(exited)
         request = json.loads(line)
         if request["op"] == "start":
+            try:  # here, so that a bad path is an answer, not a child that dies unheard
+                log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as exc:
+                _answer(answers, {"error": f"cannot open the log {request['log']}: {exc}"})
+                continue
             pid = os.fork()
             if pid == 0:
                 requests.close()
                 os.close(answers)
-                _become(request)  # runs the service; its exit ends this process
+                _become(request, log)  # runs the service; its exit ends this process
                 return
+            os.close(log)
+            exited.pop(pid, None)  # an id reused by the system: not the old child's exit
             _answer(answers, {"pid": pid})
         elif request["op"] == "poll":
             _answer(answers, {"returncode": exited.get(int(request["pid"]))})
@@ -257,10 +261,9 @@ def _reap(exited: dict[int, int]) -> None:
         exited[pid] = os.waitstatus_to_exitcode(status)
 
 
-def _become(request: dict[str, Any]) -> None:
+def _become(request: dict[str, Any], log: int) -> None:
     """In a forked child: take the request's environment, folder and log, then run the module
     as `python -m` does (its SystemExit, or an exception, ends the process)."""
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
