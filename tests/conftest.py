@@ -199,10 +199,12 @@ async def event_log(nats_server: NatsEndpoint) -> AsyncIterator[EventLog]:
 async def spawner(
     event_log: EventLog, nats_server: NatsEndpoint, tmp_path: Path
 ) -> AsyncIterator[Spawner]:
-    """A spawner whose projection follows the log; no durable consumer (the test admits)."""
+    """A spawner whose projection follows the log, and that starts only the admissions the
+    test hands to `Spawner.start`."""
     store = ProjectionStore(f"sqlite:///{tmp_path / 'spawner.db'}")
     sessions = SessionStore(f"sqlite:///{tmp_path / 'sessions.db'}")
     spawner = Spawner(event_log, store, "in-test", nats_server.url, sessions=sessions)
+    spawner.takes_admissions = False
     runner = asyncio.create_task(spawner.runner.run())
     await spawner.runner.caught_up.wait()
     try:

@@ -662,8 +662,7 @@ def test_only_set_up_may_change_the_stream(nats_users: dict[str, dict[str, Any]]
             allowed = may_publish(user, f"$JS.API.STREAM.{verb}.GROVE")
             assert allowed == (name == "setup"), (name, verb)
     for role in ROLES:
-        assert not may_publish(nats_users[role], "$JS.API.CONSUMER.DELETE.GROVE.spawner")
-    assert may_publish(nats_users["spawner"], "$JS.API.CONSUMER.MSG.NEXT.GROVE.spawner")
+        assert not may_publish(nats_users[role], "$JS.API.CONSUMER.DURABLE.CREATE.GROVE.x")
 
 
 def test_every_service_answers_its_own_requests(nats_users: dict[str, dict[str, Any]]) -> None:

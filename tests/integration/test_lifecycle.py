@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -102,18 +103,38 @@ def is_status(
     return matches
 
 
-async def wait_spawner_consumed(event_log: EventLog, seq: int, timeout: float = 15) -> None:
-    """Wait until the spawners' shared consumer has acknowledged everything up to `seq`.
+def metric(port: int, name: str) -> float | None:
+    """The first sample of a metric on a service's /metrics (None: none yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
-    A spawner acknowledges an admission only after deciding on it (and appending `started`
-    when it starts the agent), so past this point every start it causes is in the log.
+
+async def wait_spawners_decided(stack: Stack, seq: int, timeout: float = 15) -> None:
+    """Wait until every spawner has folded the log up to `seq` and has decided on every
+    admission it holds (`grove_spawner_admissions_waiting` is 0).
+
+    A spawner decides on an admission only after appending `started` when it starts the
+    agent, so past this point every start the admissions up to `seq` caused is in the log.
     """
+    spawners = [s for name, s in stack.services.items() if name.startswith("spawner")]
     async with asyncio.timeout(timeout):
         while True:
-            info = await event_log.js.consumer_info(event_log.stream, "spawner")
-            if info.ack_floor.stream_seq >= seq and not info.num_ack_pending:
+            samples = [
+                (
+                    await asyncio.to_thread(metric, s.http_port, "grove_projection_applied_seq"),
+                    await asyncio.to_thread(
+                        metric, s.http_port, "grove_spawner_admissions_waiting"
+                    ),
+                )
+                for s in spawners
+            ]
+            if all((applied or 0) >= seq and waiting == 0 for applied, waiting in samples):
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
 
 
 def python_agent(entrypoint: str) -> AgentConfig:
@@ -187,7 +208,7 @@ async def test_at_capacity_a_spawn_is_rejected_and_a_stop_frees_a_slot(
 async def test_a_duplicated_admission_of_a_finished_agent_does_not_run_it_again(
     make_stack: StackFactory, event_log: EventLog, tmp_path: Path
 ) -> None:
-    await asyncio.to_thread(make_stack)
+    stack = await asyncio.to_thread(make_stack)
     client = GroveClient(event_log)
     runs = tmp_path / "runs.txt"
     agent = await client.spawn(
@@ -197,7 +218,7 @@ async def test_a_duplicated_admission_of_a_finished_agent_does_not_run_it_again(
     assert (await wait_ended(event_log, [agent], timeout=20))[agent].reason == "completed"
 
     seq = await duplicate_admission(event_log, agent)
-    await wait_spawner_consumed(event_log, seq)
+    await wait_spawners_decided(stack, seq)
     await asyncio.sleep(1.0)  # a second run, had it started, would have written by now
 
     records = await history(event_log)
@@ -210,7 +231,7 @@ async def test_a_duplicated_admission_of_a_finished_agent_does_not_run_it_again(
 async def test_a_duplicated_admission_of_a_running_agent_does_not_start_it_again(
     make_stack: StackFactory, event_log: EventLog, tmp_path: Path
 ) -> None:
-    await asyncio.to_thread(make_stack, spawners=2)
+    stack = await asyncio.to_thread(make_stack, spawners=2)
     client = GroveClient(event_log)
     runs = tmp_path / "runs.txt"
     agent = await client.spawn(
@@ -223,7 +244,7 @@ async def test_a_duplicated_admission_of_a_running_agent_does_not_start_it_again
     for _ in range(4):
         last = await duplicate_admission(event_log, agent)
         await asyncio.sleep(0.2)
-    await wait_spawner_consumed(event_log, last)
+    await wait_spawners_decided(stack, last)
     await asyncio.sleep(0.5)
 
     records = await history(event_log)

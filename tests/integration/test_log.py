@@ -22,8 +22,6 @@ from grove_core.log import (
     Append,
     Appended,
     ConcurrencyConflict,
-    Delivery,
-    DurableConsumer,
     EventLog,
     LogError,
 )
@@ -387,113 +385,6 @@ async def lookups_asked_again(log: EventLog, unanswered: Unanswered) -> None:
     assert unanswered.count == 0
 
 
-async def test_a_durable_consumer_hands_over_a_backlog_and_what_comes_later_in_order(
-    event_log: EventLog,
-) -> None:
-    """A backlog larger than a fetch, then single messages on an idle consumer: every one is
-    handed over once, each agent's in stream order, however many are fetched at a time."""
-    agents = [f"dc-{index}" for index in range(7)]
-    backlog = [status_event(agents[index % 7], "checkpoint") for index in range(150)]
-    appended = await event_log.append_batch([Append(event) for event in backlog])
-    expected: dict[str, list[int]] = {agent: [] for agent in agents}
-    for event, outcome in zip(backlog, appended, strict=True):
-        assert isinstance(outcome, Appended)
-        expected[event.agent_id].append(outcome.seq)
-    handed: dict[str, list[int]] = {agent: [] for agent in agents}
-    late = 3
-    #: count handed over -> set when reached (the backlog, then each late message)
-    reached = {count: asyncio.Event() for count in range(len(backlog), len(backlog) + late + 1)}
-
-    async def handle(delivery: Delivery) -> None:
-        await asyncio.sleep(0.001 * (delivery.record.seq % 3))  # handlers overlap
-        handed[delivery.record.subject.rsplit(".", 1)[-1]].append(delivery.record.seq)
-        await delivery.ack()
-        count = sum(map(len, handed.values()))
-        if count in reached:
-            reached[count].set()
-
-    consumer = DurableConsumer(event_log, "test-backlog", "grove.status.*", batch=64)
-    stop = asyncio.Event()
-    running = asyncio.create_task(consumer.run(handle, stop, concurrency=16))
-    try:
-        for index, agent in enumerate(agents[:late]):  # one at a time on an idle consumer
-            await asyncio.wait_for(reached[len(backlog) + index].wait(), 30)
-            appended_late = await event_log.append(status_event(agent, "checkpoint"))
-            expected[agent].append(appended_late.seq)
-        await asyncio.wait_for(reached[len(backlog) + late].wait(), 30)
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 10)
-        await consumer.close()
-    assert handed == expected
-
-
-async def test_a_durable_consumer_acknowledges_what_it_skips_and_counts_redeliveries(
-    event_log: EventLog,
-) -> None:
-    """Skipped messages are acknowledged and never handed over; a handed one that was not
-    acknowledged comes again, and says how many times it has come."""
-    events = [
-        status_event(f"sk-{index}", "admitted" if index % 2 else "checkpoint")
-        for index in range(20)
-    ]
-    await event_log.append_many(events)
-    admitted = {event.agent_id for event in events if event.status_type == "admitted"}
-    counts: dict[str, list[int]] = {}
-    all_handed = asyncio.Event()
-
-    async def handle(delivery: Delivery) -> None:
-        agent = delivery.record.subject.rsplit(".", 1)[-1]
-        counts.setdefault(agent, []).append(delivery.num_delivered)
-        if agent == "sk-1" and delivery.num_delivered == 1:
-            await delivery.nak(delay=0.05)
-            return
-        await delivery.ack()
-        if set(counts) == admitted and counts["sk-1"] == [1, 2]:
-            all_handed.set()
-
-    def skip(record: RawRecord) -> bool:
-        return b'"checkpoint"' in record.data
-
-    consumer = DurableConsumer(event_log, "test-skip", "grove.status.*")
-    stop = asyncio.Event()
-    running = asyncio.create_task(consumer.run(handle, stop, concurrency=4, skip=skip))
-    try:
-        await asyncio.wait_for(all_handed.wait(), 30)
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:  # acknowledgements are not answered: wait for the server to count them
-            info = await event_log.js.consumer_info(event_log.stream, "test-skip")
-            if info.num_ack_pending == 0 and info.ack_floor and info.ack_floor.stream_seq == 20:
-                break
-            assert asyncio.get_running_loop().time() < deadline, info
-            await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 10)
-        await consumer.close()
-    assert counts == {agent: [1, 2] if agent == "sk-1" else [1] for agent in admitted}
-    assert info.num_pending == 0
-
-
-class Handed:
-    """The agents a durable consumer handed over, and a wait for one of them."""
-
-    def __init__(self) -> None:
-        self.agents: list[str] = []
-        self._arrived = asyncio.Event()
-
-    async def handle(self, delivery: Delivery) -> None:
-        self.agents.append(delivery.record.subject.rsplit(".", 1)[-1])
-        await delivery.ack()
-        self._arrived.set()
-
-    async def wait_for(self, agent: str, timeout: float) -> None:
-        async with asyncio.timeout(timeout):
-            while agent not in self.agents:
-                self._arrived.clear()
-                await self._arrived.wait()
-
-
 async def append_after_restart(event_log: EventLog, event: Event, within: float = 20.0) -> Appended:
     """Append `event` once the restarted server takes it, retrying the same event (an append
     whose acknowledgement was lost in the restart is stored once)."""
@@ -503,56 +394,6 @@ async def append_after_restart(event_log: EventLog, event: Event, within: float 
             return await event_log.append(event)
         assert asyncio.get_running_loop().time() < deadline, "no append after the restart"
         await asyncio.sleep(0.2)
-
-
-async def test_a_durable_consumer_makes_its_consumer_again_when_it_is_deleted(
-    event_log: EventLog,
-) -> None:
-    handed = Handed()
-    consumer = DurableConsumer(event_log, "test-deleted", "grove.status.*", expires=0.5)
-    stop = asyncio.Event()
-    running = asyncio.create_task(consumer.run(handed.handle, stop, concurrency=4))
-    try:
-        await event_log.append(status_event("first"))
-        await handed.wait_for("first", 10)
-        await event_log.js.delete_consumer(event_log.stream, "test-deleted")
-        await event_log.append(status_event("second"))  # while no consumer exists
-        await handed.wait_for("second", 15)
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 10)
-    # The consumer made again starts at the log's start: handlers see messages again (they
-    # are idempotent, as every redelivery requires), none is lost.
-    assert set(handed.agents) == {"first", "second"}
-
-
-@pytest.mark.local_nats
-async def test_a_durable_consumer_goes_on_after_the_server_restarts(
-    nats_server: NatsEndpoint,
-) -> None:
-    """The server forgets a standing pull request when it restarts: it is made again."""
-    event_log = await EventLog.connect(nats_server.url, name="durable-restart")
-    await event_log.ensure_stream()
-    handed = Handed()
-    consumer = DurableConsumer(event_log, "test-restart", "grove.status.*", expires=0.5)
-    stop = asyncio.Event()
-    running = asyncio.create_task(consumer.run(handed.handle, stop, concurrency=4))
-    try:
-        await event_log.append(status_event("before"))
-        await handed.wait_for("before", 10)
-        nats_server.kill()
-        nats_server.restart()
-        await append_after_restart(event_log, status_event("after"))
-        await handed.wait_for("after", 20)
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 10)
-        await event_log.close()
-    # Delivery is at least once: the acknowledgement of "before" may have been on its way when
-    # the server was killed, and then "before" comes again.
-    assert handed.agents[0] == "before"
-    assert set(handed.agents) == {"before", "after"}
-    assert handed.agents.count("after") == 1
 
 
 async def test_a_projection_counts_the_events_it_folded_by_its_write(

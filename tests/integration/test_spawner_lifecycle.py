@@ -380,6 +380,67 @@ async def test_the_agents_of_a_killed_spawner_end_as_failed_naming_it(
     assert all(of(records, a, "terminate") == [] for a in survivors)
 
 
+async def test_admissions_owned_by_a_killed_spawner_are_started_by_the_other(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    # The survivor still hears the victim for three heartbeat intervals (1.5 s) and leaves
+    # the victim's share of the admissions to it until then; after that they are its own.
+    stack = await asyncio.to_thread(
+        make_stack,
+        spawners=2,
+        GROVE_SPAWNER_TIMEOUT="20",
+        GROVE_HEARTBEAT_INTERVAL="0.5",
+    )
+    client = GroveClient(event_log)
+    warm_up = [await client.spawn("go", python_agent("silent")) for _ in range(12)]
+    for agent in warm_up:
+        await wait_ends(event_log, agent, timeout=30)
+    records = await events(event_log)
+    assert {
+        e.payload.details["spawner_id"]
+        for a in warm_up
+        for e in of(records, a, "status", "started")
+    } == {"spawner-1", "spawner-2"}, "both spawners take their share while both are alive"
+
+    await asyncio.to_thread(stack.services["spawner-1"].kill)
+    killed_at = time.monotonic()
+    agents = [await client.spawn("go", python_agent("silent")) for _ in range(12)]
+    ends = [(await wait_ends(event_log, a, timeout=20))[0] for a in agents]
+    elapsed = time.monotonic() - killed_at
+
+    # Well inside the spawner timeout: the admissions moved once the heartbeats stopped.
+    assert elapsed < 10, f"the last agent ended {elapsed:.1f}s after the kill"
+    assert {e.reason for e in ends} == {"completed"}
+    records = await events(event_log)
+    started = [e for a in agents for e in of(records, a, "status", "started")]
+    assert Counter(e.agent_id for e in started) == Counter(dict.fromkeys(agents, 1))
+    assert {e.payload.details["spawner_id"] for e in started} == {"spawner-2"}
+
+
+async def test_agents_admitted_while_no_spawner_runs_start_when_one_comes_back(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    stack = await asyncio.to_thread(make_stack)
+    client = GroveClient(event_log)
+    first = await client.spawn("go", python_agent("silent"))
+    await wait_ends(event_log, first, timeout=30)
+    await asyncio.sleep(1.5)  # the spawner's projection is written past the first agent
+
+    await asyncio.to_thread(stack.services["spawner-1"].kill)
+    agents = [await client.spawn("go", python_agent("silent")) for _ in range(5)]
+    for agent in agents:
+        await wait_status(event_log, agent, "admitted")
+    records = await events(event_log)
+    assert all(of(records, a, "status", "started") == [] for a in agents)
+
+    await asyncio.to_thread(stack.restart, "spawner-1")
+    ends = [(await wait_ends(event_log, a, timeout=30))[0] for a in agents]
+    assert {e.reason for e in ends} == {"completed"}
+    records = await events(event_log)
+    started = [e for a in agents for e in of(records, a, "status", "started")]
+    assert Counter(e.agent_id for e in started) == Counter(dict.fromkeys(agents, 1))
+
+
 # -- completion ---------------------------------------------------------------------------------
 
 

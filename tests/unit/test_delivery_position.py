@@ -9,7 +9,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import Base
 
-from grove_core.records import delivery_position, stream_time, times_delivered
+from grove_core.records import delivery_position, stream_time
 
 # A stream time whose nanoseconds a float rounds up into the next millisecond.
 NANOSECONDS = 1_612_798_959_299_999_769
@@ -35,7 +35,6 @@ def test_both_reply_forms_give_the_sequences_pending_and_time(reply: str) -> Non
     )
     assert (seq, consumer_seq, pending) == (4711, 12, 93)
     assert timestamp == datetime(2021, 2, 8, 15, 42, 39, 299000, tzinfo=UTC)
-    assert times_delivered(reply) == meta.num_delivered
 
 
 def test_the_time_is_the_one_a_direct_get_of_the_same_message_reads() -> None:
@@ -64,11 +63,3 @@ def test_every_millisecond_is_read_exactly() -> None:
 )
 def test_other_subjects_are_not_read_as_positions(reply: str) -> None:
     assert delivery_position(reply) is None
-
-
-@pytest.mark.parametrize(
-    "reply",
-    ["_INBOX.abc", "$JS.ACK.GROVE.replay.x.1.1.1.0", "$JS.NAK.GROVE.replay.1.1.1.1.0", ""],
-)
-def test_other_subjects_are_not_read_as_delivery_counts(reply: str) -> None:
-    assert times_delivered(reply) is None

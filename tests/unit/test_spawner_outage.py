@@ -1,10 +1,7 @@
 """An agent's end survives a nats-server that does not answer for a while: the spawner asks
-again instead of losing the run's end. A spawner says it is ready only once it reads its
-durable consumer, the last step of its start that needs the server."""
+again instead of losing the run's end."""
 
 from __future__ import annotations
-
-import asyncio
 
 import nats.errors
 import pytest
@@ -42,17 +39,3 @@ async def test_the_last_status_is_read_again_until_the_log_answers(
     spawner.log = silent  # type: ignore[assignment]
     assert await spawner._read_until_answered("grove.status.a") is None
     assert silent.reads == 4
-
-
-async def test_a_spawner_is_ready_only_while_it_reads_its_durable_consumer() -> None:
-    # Ready before the consumer was made, a spawner whose server went away at that moment
-    # stopped on the error; now it is not ready until the consumer is read.
-    spawner = Spawner.__new__(Spawner)
-    spawner.consumer_task = None
-    assert not spawner.takes_admissions()
-    stop = asyncio.Event()
-    spawner.consumer_task = asyncio.create_task(stop.wait())
-    assert spawner.takes_admissions()
-    stop.set()
-    await spawner.consumer_task
-    assert not spawner.takes_admissions()

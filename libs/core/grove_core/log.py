@@ -1,19 +1,19 @@
 """The event log: the GROVE JetStream stream, appended to and read back.
 
 Appends are idempotent (`Nats-Msg-Id = event_id`) and may be guarded by an expected per-subject
-sequence, so that where exactly one decision may win, the loser learns it lost. Reading is
-either a replay with an ordered consumer (fast, from any sequence) or durable work with explicit
-acks shared by the replicas of a service.
+sequence, so that where exactly one decision may win, the loser learns it lost. Reading is a
+replay with an ordered consumer (fast, from any sequence, following the log once at its tip),
+or a lookup of one message (the newest on a subject, the next from a sequence, the one at a
+sequence).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -23,8 +23,6 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -36,9 +34,7 @@ from grove_core.records import (
     Recorded,
     decode_record,
     is_deadletter,
-    record_of,
     stream_time,
-    times_delivered,
 )
 from grove_core.replay import RETRY_PAUSE_S, OrderedReader, while_electing
 from grove_events import (
@@ -630,253 +626,3 @@ class EventLog:
             raise LogError(f"stopped reading {subject}")
 
         return await asyncio.wait_for(first(), timeout)
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message from a durable consumer, to be acknowledged by its handler."""
-
-    record: RawRecord
-    msg: Msg
-    num_delivered: int
-
-    async def ack(self) -> None:
-        """Done with it: it will not be delivered again."""
-        await self.msg.ack()
-
-    async def nak(self, delay: float | None = None) -> None:
-        """Not done: deliver again (after `delay` seconds)."""
-        await self.msg.nak(delay=delay)
-
-    async def in_progress(self) -> None:
-        """Still working on it: reset the ack timer."""
-        await self.msg.in_progress()
-
-
-class DurableConsumer:
-    """A durable pull consumer shared by the replicas of one service, acks explicit.
-
-    Messages are pulled with a standing request: up to `batch` of them, answered on an inbox
-    whose callback hands each one over the moment it arrives, and asked for again as soon as
-    the request is used up or expires. nats-py's `fetch` returns a batch only once it is full
-    or the server says there is no more, and a fetch of one message at a time cost about
-    0.2 ms more per message than a push consumer on an idle system (one round of requests and
-    task wake-ups per message); a standing request delivers as fast as a push consumer.
-    """
-
-    def __init__(
-        self,
-        log: EventLog,
-        durable: str,
-        filter_subject: str,
-        *,
-        ack_wait: float = 30.0,
-        batch: int = 64,
-        expires: float = 1.0,
-    ) -> None:
-        self.log = log
-        self.durable = durable
-        self.filter_subject = filter_subject
-        self.ack_wait = ack_wait
-        self.batch = batch
-        #: Seconds a pull request stands before the server ends it (it is then made again; a
-        #: request the server lost, say in a restart, is made again after this and a second).
-        self.expires = expires
-        #: The subscription answers come to, while running.
-        self._inbox: Subscription | None = None
-
-    def _config(self) -> js_api.ConsumerConfig:
-        return js_api.ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=js_api.AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait,
-            max_deliver=-1,
-            filter_subject=self.filter_subject,
-            deliver_policy=js_api.DeliverPolicy.ALL,
-            max_ack_pending=10_000,
-        )
-
-    async def start(self) -> None:
-        """Create the durable consumer, or find it made already (by another replica)."""
-        js, stream = self.log.js, self.log.stream
-
-        async def ensure() -> None:
-            try:
-                await js.consumer_info(stream, self.durable)
-            except nats.js.errors.NotFoundError:
-                try:
-                    await js.add_consumer(stream, self._config())
-                except nats.js.errors.BadRequestError:
-                    await js.consumer_info(stream, self.durable)  # another replica made it
-
-        await while_electing(ensure)
-
-    async def close(self) -> None:
-        """Drop the inbox subscription (the durable consumer stays on the server). Messages
-        the server sends after it are not acknowledged here: they are delivered again after
-        `ack_wait`, to another replica."""
-        inbox, self._inbox = self._inbox, None
-        if inbox is not None:
-            with contextlib.suppress(Exception):
-                await inbox.unsubscribe()
-
-    async def run(
-        self,
-        handle: Callable[[Delivery], Awaitable[None]],
-        stop: asyncio.Event,
-        *,
-        concurrency: int = 1,
-        skip: Callable[[RawRecord], bool] | None = None,
-    ) -> None:
-        """Hand each message to `handle` until `stop` is set.
-
-        `handle` acks (or naks) each delivery; a handler that raises gets the message
-        redelivered after a short delay, never dropped. With `concurrency` above 1, up to that
-        many deliveries are handled at once, but those on one subject (one agent) still one
-        after the other, in stream order. A message for which `skip` is true is acknowledged
-        at once and never handed over (for messages that need nothing done: no handler task is
-        made for them). Handlers in progress finish before `run` returns.
-        """
-        await self.start()
-        pull = _Handing(handle, concurrency, skip, self.batch)
-        nc = self.log.nc
-        inbox_subject = nc.new_inbox()
-        self._inbox = await nc.subscribe(inbox_subject, cb=pull.arrived)
-        next_subject = f"{JS_API}.CONSUMER.MSG.NEXT.{self.log.stream}.{self.durable}"
-        request = json.dumps(
-            {"batch": self.batch, "expires": int(self.expires * 1_000_000_000)}
-        ).encode()
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                pull.request_made()
-                try:
-                    await nc.publish(next_subject, request, reply=inbox_subject)
-                except (
-                    nats.errors.ConnectionClosedError,
-                    nats.errors.ConnectionReconnectingError,
-                ):
-                    await asyncio.sleep(0.5)  # reconnecting
-                    continue
-                over = asyncio.ensure_future(pull.over.wait())
-                # Past `expires` and a second more, the server has lost the request (a
-                # restart, a reconnection): it is made again.
-                await asyncio.wait(
-                    [over, stopped],
-                    timeout=self.expires + 1.0,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                over.cancel()
-                if pull.ended_by is not None and not pull.ended_by.startswith("408"):
-                    await self._after_refusal(pull.ended_by)
-        finally:
-            stopped.cancel()
-            await self.close()
-            await pull.finish()
-
-    async def _after_refusal(self, status: str) -> None:
-        """The server ended a pull request for another reason than its expiry (a deleted
-        consumer, a leader being elected, too many requests waiting): wait a little, and
-        make the consumer again if it is gone."""
-        log.warning("pull request on %s ended: %s", self.durable, status)
-        await asyncio.sleep(0.5)
-        with contextlib.suppress(Exception):
-            await self.start()
-
-
-class _Handing:
-    """What a `DurableConsumer.run` does with each answer to its standing pull request."""
-
-    def __init__(
-        self,
-        handle: Callable[[Delivery], Awaitable[None]],
-        concurrency: int,
-        skip: Callable[[RawRecord], bool] | None,
-        batch: int,
-    ) -> None:
-        self.handle = handle
-        self.concurrency = concurrency
-        self.skip = skip
-        self.batch = batch
-        self.limit = asyncio.Semaphore(max(1, concurrency))
-        #: subject -> the newest handler task on it, which the next one on it waits for
-        self.tails: dict[str, asyncio.Task[None]] = {}
-        #: Set when the standing request is used up or ended by the server.
-        self.over = asyncio.Event()
-        #: Messages the standing request may still bring.
-        self.remaining = 0
-        #: Why the server ended the request (its status and description), if it did.
-        self.ended_by: str | None = None
-
-    def request_made(self) -> None:
-        self.over.clear()
-        self.ended_by = None
-        self.remaining = self.batch
-
-    async def arrived(self, msg: Msg) -> None:
-        if not msg.data and msg.headers and "Status" in msg.headers:
-            status = msg.headers["Status"]
-            if status != "100":  # not a heartbeat: the server ended the request
-                self.ended_by = f"{status} {msg.headers.get('Description', '')}".strip()
-                self.over.set()
-            return
-        self.remaining -= 1
-        if self.remaining <= 0:
-            self.over.set()
-        record = record_of(msg)
-        if self.skip is not None and self.skip(record):
-            await msg.ack()
-            return
-        delivered = times_delivered(msg.reply)
-        if delivered is None:
-            delivered = int(msg.metadata.num_delivered)
-        delivery = Delivery(record, msg, delivered)
-        if self.concurrency <= 1:
-            await _handle_one(self.handle, delivery)
-            return
-        await self.limit.acquire()
-        subject = msg.subject
-        task = asyncio.create_task(
-            _handle_after(self.tails.get(subject), self.handle, delivery, self.limit)
-        )
-        self.tails[subject] = task
-        task.add_done_callback(functools.partial(_forget_tail, self.tails, subject))
-
-    async def finish(self) -> None:
-        """Wait for the handlers in progress."""
-        if self.tails:
-            await asyncio.wait(set(self.tails.values()))
-
-
-def _forget_tail(
-    tails: dict[str, asyncio.Task[None]], subject: str, done: asyncio.Task[None]
-) -> None:
-    """Drop a finished handler from `tails` unless a newer one on its subject took its place."""
-    if tails.get(subject) is done:
-        del tails[subject]
-
-
-async def _handle_one(handle: Callable[[Delivery], Awaitable[None]], delivery: Delivery) -> None:
-    """Run a handler; if it raises, the message is delivered again after a second."""
-    try:
-        await handle(delivery)
-    except Exception:
-        record = delivery.record
-        log.exception("handler failed on %s seq %s", record.subject, record.seq)
-        with contextlib.suppress(Exception):
-            await delivery.nak(delay=1.0)
-
-
-async def _handle_after(
-    previous: asyncio.Task[None] | None,
-    handle: Callable[[Delivery], Awaitable[None]],
-    delivery: Delivery,
-    limit: asyncio.Semaphore,
-) -> None:
-    """Handle a delivery once the one before it on its subject is done."""
-    try:
-        if previous is not None:
-            await asyncio.wait([previous])
-        await _handle_one(handle, delivery)
-    finally:
-        limit.release()

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from nats.aio.msg import Msg
-
 from grove_events import Event, decode, subject_for
 from grove_events.upcasting import current_version
 
@@ -93,37 +91,6 @@ def delivery_position(reply: str) -> tuple[int, int, int, datetime] | None:
     # Whole milliseconds over 1000 are within half a microsecond of exact as a float, to
     # which `fromtimestamp` rounds: the same moment as the epoch plus a timedelta, made faster.
     return seq, consumer_seq, pending, datetime.fromtimestamp(nanoseconds // 1_000_000 / 1000, UTC)
-
-
-def times_delivered(reply: str) -> int | None:
-    """How many times the consumer has delivered this message (1: the first time), read from
-    the reply subject as `delivery_position` reads the rest; None when it has another form."""
-    fields = _ack_fields(reply)
-    if fields is None or not fields[0].isdigit():
-        return None
-    return int(fields[0])
-
-
-def record_of(msg: Msg) -> RawRecord:
-    """A consumer's delivery as a stored record."""
-    position = delivery_position(msg.reply)
-    if position is None:
-        meta = msg.metadata  # raises when the message is not a JetStream delivery
-        position = (
-            meta.sequence.stream,
-            meta.sequence.consumer,
-            meta.num_pending,
-            stream_time(meta.timestamp),
-        )
-    seq, _, pending, timestamp = position
-    return RawRecord(
-        seq=seq,
-        subject=msg.subject,
-        data=msg.data,
-        timestamp=timestamp,
-        headers=msg.headers,
-        pending=pending,
-    )
 
 
 def decode_record(record: RawRecord) -> Recorded:

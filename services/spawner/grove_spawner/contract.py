@@ -13,21 +13,22 @@ from grove_events import (
     TerminateEvent,
     kind_wildcard,
 )
-from grove_spawner.service import DURABLE, HEARTBEAT_SUBJECT
+from grove_spawner.service import HEARTBEAT_SUBJECT
 
 CONTRACT = Contract(
     service="spawner",
     description=(
         "Runs admitted agents on their runtime (python, command, acp, openai), exactly once "
-        f"per admission: replicas share the durable consumer '{DURABLE}' of status events. "
+        "per admission: every replica folds the admissions, and each admission's owner among "
+        "the replicas heard from (rendezvous hashing over their heartbeats) starts it. "
         "Reports their lifecycle, stops, pauses, resumes and forks them, and ends the agents "
         "of a spawner that stopped sending heartbeats."
     ),
     reads=(
         Channel(
             kind_wildcard("status"),
-            f"Admissions (durable consumer '{DURABLE}', explicit acks), and every other "
-            "status for the fold of started agents.",
+            "Admissions (folded, then started by their owner), and every other status for "
+            "the fold of started agents.",
             StatusEvent,
         ),
         Channel(kind_wildcard("spawn"), "What an admitted agent runs.", SpawnEvent),

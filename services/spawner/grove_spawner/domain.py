@@ -1,19 +1,23 @@
 """The spawner's domain, with no I/O: the fold of started agents, and the pure decisions.
 
-- `SpawnerState` / `evolve`: which agents each spawner started that have not ended. A spawner
-  uses it after a restart to learn which of its agents were lost with the old process, and to
-  notice a peer that went silent while it had agents running, so that their parents get a
-  `failed` outcome instead of silence.
+- `SpawnerState` / `evolve`: which agents each spawner started that have not ended, and
+  which admissions no instance has started from yet. A spawner uses the first after a restart
+  to learn which of its agents were lost with the old process, and to notice a peer that went
+  silent while it had agents running, so that their parents get a `failed` outcome instead of
+  silence; the second is the work the replicas share (`owner` says whose each one is).
 - `FreshAgents`: agents whose first spawn this process has folded and that have not ended,
   with what an admission of that spawn needs to know (so it needs no reads of the log).
 - `StartKind`, `start_allowed`: when an admission may start an agent instance.
 - `fork_spawn`: the spawn a fork runs as, from the fork event and its source's spawn.
+- `owner`, `AdmissionDesk`: which spawner starts a waiting admission, and when.
 - `PeerWatch`: when each spawner was last heard from, against a clock the caller passes in.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict, defaultdict
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self, get_args
 
@@ -51,13 +55,24 @@ class StartedAgent:
         }
 
 
+#: Row keys of waiting admissions (the agents' rows are keyed by the bare agent id).
+ADMITTED_PREFIX = "~admitted:"
+
+
 @dataclass
 class SpawnerState(KeyedState):
-    """Started, unterminated agents by id."""
+    """Started, unterminated agents by id; admissions waiting for a start."""
 
     running: dict[str, StartedAgent] = field(default_factory=dict)
+    #: Admissions no instance has started from and no end has overtaken: agent id -> the
+    #: stream sequence of its newest such `admitted` status.
+    admitted: dict[str, int] = field(default_factory=dict)
 
     def row(self, key: str) -> Any:
+        if key.startswith(ADMITTED_PREFIX):
+            agent_id = key[len(ADMITTED_PREFIX) :]
+            seq = self.admitted.get(agent_id)
+            return None if seq is None else {"agent_id": agent_id, "seq": seq}
         agent = self.running.get(key)
         return None if agent is None else agent.to_row()
 
@@ -65,8 +80,21 @@ class SpawnerState(KeyedState):
     def from_rows(cls, rows: dict[str, dict[str, Any]]) -> Self:
         state = cls()
         for key, row in rows.items():
-            state.running[key] = StartedAgent(**row)
+            if key.startswith(ADMITTED_PREFIX):
+                state.admitted[row["agent_id"]] = row["seq"]
+            else:
+                state.running[key] = StartedAgent(**row)
         return state
+
+    def admit(self, agent_id: str, seq: int) -> None:
+        """An admission of the agent waits for a start."""
+        self.admitted[agent_id] = seq
+        self.touch(ADMITTED_PREFIX + agent_id)
+
+    def settle(self, agent_id: str) -> None:
+        """The agent's waiting admission, if any, waits no more (a start, an end)."""
+        if self.admitted.pop(agent_id, None) is not None:
+            self.touch(ADMITTED_PREFIX + agent_id)
 
     def started_by(self, spawner_id: str) -> list[StartedAgent]:
         """The agents this spawner started that have not ended."""
@@ -84,13 +112,20 @@ class SpawnerState(KeyedState):
 FOLDED_KINDS = frozenset({"status", "terminate"})
 #: The version of what `evolve` keeps: bumped by a change to the fold that changes its state,
 #: so that a projection stored by the previous one is rebuilt from the log at start.
-FOLD_VERSION = "1"
+FOLD_VERSION = "2"
 
 
 def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
     """Fold one event into the spawner's state."""
     event = recorded.event
-    if type(event) is StatusEvent and event.status_type in ("started", "resumed"):
+    if type(event) is StatusEvent and event.status_type == "admitted":
+        # An admission while an instance runs starts nothing (the governor admits a spawn
+        # once; a copy of its admission is not a second start).
+        if event.agent_id not in state.running:
+            state.admit(event.agent_id, recorded.seq)
+    elif type(event) is StatusEvent and event.status_type in ("started", "resumed"):
+        if event.status_type == "started":
+            state.settle(event.agent_id)
         spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
         if not isinstance(spawner_id, str):
             return state
@@ -105,9 +140,26 @@ def evolve(state: SpawnerState, recorded: Recorded) -> SpawnerState:
             started_seq=recorded.seq,
         )
         state.touch(event.agent_id)
-    elif type(event) is TerminateEvent and state.running.pop(event.agent_id, None) is not None:
-        state.touch(event.agent_id)
+    elif type(event) is TerminateEvent:
+        state.settle(event.agent_id)
+        if state.running.pop(event.agent_id, None) is not None:
+            state.touch(event.agent_id)
     return state
+
+
+def owner(agent_id: str, spawner_ids: Iterable[str]) -> str | None:
+    """Which of the spawners should start the agent's admission (None: no spawner given).
+
+    Rendezvous hashing: each spawner scores the agent, the highest score wins. Every replica
+    that knows the same spawners picks the same owner without asking anyone, the admissions
+    spread evenly, and when a spawner leaves only its own admissions move to others.
+    """
+    best: tuple[bytes, str] | None = None
+    for spawner_id in spawner_ids:
+        score = hashlib.blake2b(f"{spawner_id}\0{agent_id}".encode(), digest_size=8).digest()
+        if best is None or (score, spawner_id) > best:
+            best = (score, spawner_id)
+    return None if best is None else best[1]
 
 
 #: Most agents `FreshAgents` keeps (the oldest spawns go first; their admissions read the log).
@@ -167,15 +219,6 @@ class FreshAgents:
             self.agents.pop(agent_id, None)
 
 
-def may_be_admission(data: bytes) -> bool:
-    """Whether a status's JSON bytes can say `admitted` (the spawner decodes only those).
-
-    The word itself, or any escape (`\\u0061dmitted` is the same JSON string): a status without
-    either cannot be an admission.
-    """
-    return b"admitted" in data or b"\\u" in data
-
-
 def start_allowed(kind: StartKind, admitted_seq: int, last_terminate_seq: int | None) -> bool:
     """Whether an admission at `admitted_seq` may start a new instance of its agent.
 
@@ -215,6 +258,56 @@ def fork_spawn(fork: ForkEvent, source: SpawnEvent) -> SpawnEvent:
 
 
 @dataclass
+class AdmissionDesk:
+    """What one spawner process adds to the fold's waiting admissions
+    (`SpawnerState.admitted`): when it first saw each, and which it has decided on (started
+    its agent, or found that it starts nothing), so as not to try those again.
+
+    `due` says which waiting admissions to start now: those this spawner owns among the
+    spawners `sharing` them, and any that has waited `overdue_after` seconds whoever owns
+    it (its owner may be stuck). Times are whatever monotonic clock the caller uses.
+    """
+
+    own_id: str
+    decided: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def saw(self, agent_id: str, seq: int, now: float) -> None:
+        """An admission was folded just now."""
+        self.seen[agent_id] = (seq, now)
+
+    def decide(self, agent_id: str, seq: int) -> None:
+        """This process is done with the admission at `seq`."""
+        self.decided[agent_id] = seq
+
+    def due(
+        self,
+        waiting: dict[str, int],
+        busy: Container[str],
+        sharing: Iterable[str],
+        now: float,
+        overdue_after: float,
+    ) -> list[tuple[str, int]]:
+        """(agent id, sequence) of the admissions to start now; `busy` are the agents this
+        process is starting or running. Forgets what no longer waits."""
+        self.decided = {a: seq for a, seq in self.decided.items() if waiting.get(a) == seq}
+        self.seen = {a: seen for a, seen in self.seen.items() if waiting.get(a) == seen[0]}
+        sharing = list(sharing)
+        out = []
+        for agent_id, seq in waiting.items():
+            if agent_id in busy or self.decided.get(agent_id) == seq:
+                continue
+            first = self.seen.setdefault(agent_id, (seq, now))[1]
+            if now - first >= overdue_after or owner(agent_id, sharing) == self.own_id:
+                out.append((agent_id, seq))
+        return out
+
+    def undecided(self, waiting: dict[str, int]) -> int:
+        """How many waiting admissions this process has not decided on."""
+        return sum(1 for a, seq in waiting.items() if self.decided.get(a) != seq)
+
+
+@dataclass
 class PeerWatch:
     """When each spawner was last heard from (a heartbeat or a `started` of its own).
 
@@ -228,6 +321,10 @@ class PeerWatch:
     def hear(self, spawner_id: str, now: float) -> None:
         """A sign of life from a spawner."""
         self.heard[spawner_id] = max(now, self.heard.get(spawner_id, now))
+
+    def alive(self, now: float, within: float) -> list[str]:
+        """The spawners heard from in the last `within` seconds."""
+        return [spawner_id for spawner_id, at in self.heard.items() if now - at <= within]
 
     def silent_for(self, spawner_id: str, now: float) -> float:
         """Seconds since the spawner was last heard from."""

@@ -1,12 +1,21 @@
 """The spawner's application layer: start admitted agents once, run them, report their end.
 
-Replicas share one durable consumer of status events. For each `admitted` status a replica
-appends `started` guarded by the admitted event's sequence, so exactly one replica starts the
-agent instance even when the admission is delivered twice; an admission of an instance that
-has started already, or of one that has ended, starts nothing. An admission says what starts:
-a spawn, a fork (from its fork event and the source's spawn) or a resume (a new instance on the
-same session). An instance's terminate is guarded by the sequence of the agent's previous
-terminate, so it ends once, whoever ends it.
+Every replica folds the whole log into its projection, admissions included: the fold keeps
+the admissions no instance has started from yet (`SpawnerState.admitted`). Replicas share them
+without talking: each admission has one owner among the spawners heard from lately
+(`domain.owner`, rendezvous hashing over the heartbeats), and the owner starts it the moment
+its projection folds it. A replica looks over the waiting admissions every second: it starts
+those it owns now (the owner it saw before has gone quiet, or an earlier attempt failed), and
+any that has waited longer than `GROVE_SPAWNER_TIMEOUT`, whoever owns it. After a restart the
+same look starts what was admitted while the spawner was away.
+
+Two replicas may still try the same admission (their views of who is alive differ for a
+moment): a replica appends `started` guarded by the admitted event's sequence, so exactly one
+of them starts the instance; an admission of an instance that has started already, or of one
+that has ended, starts nothing. An admission says what starts: a spawn, a fork (from its fork
+event and the source's spawn) or a resume (a new instance on the same session). An instance's
+terminate is guarded by the sequence of the agent's previous terminate, so it ends once,
+whoever ends it.
 
 What the admission of a spawn needs (the spawn, and whether the agent has started or been
 stopped) comes from the replica's own projection, once it has folded the log up to the
@@ -32,7 +41,7 @@ from pathlib import Path
 from typing import Any, Self, cast
 
 import nats.errors
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import Field, model_validator
 
 from agentgrove.artifacts import ArtifactError, store_result
@@ -42,8 +51,6 @@ from grove_core.auth import without_user
 from grove_core.log import (
     APPEND_PATIENCE_S,
     ConcurrencyConflict,
-    Delivery,
-    DurableConsumer,
     EventLog,
     LogError,
 )
@@ -72,6 +79,7 @@ from grove_spawner.domain import (
     FOLDED_KINDS,
     SPAWNER_ID_DETAIL,
     START_KINDS,
+    AdmissionDesk,
     FreshAgent,
     FreshAgents,
     PeerWatch,
@@ -79,7 +87,7 @@ from grove_spawner.domain import (
     StartedAgent,
     evolve,
     fork_spawn,
-    may_be_admission,
+    owner,
     start_allowed,
 )
 from grove_spawner.runtimes import AgentRun, Outcome, Runtimes
@@ -95,15 +103,19 @@ from grove_spawner.sessions import (
 log = logging.getLogger(__name__)
 
 NAME = "spawner"
-DURABLE = "spawner"
 #: What the projection reads of the log: what its fold reads, and spawns and controls for
 #: the hook (`FreshAgents`, the live reactions).
 PROJECTION_KINDS = FOLDED_KINDS | {"spawn", "control"}
 HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
-#: How long one fetch of the durable consumer waits (DurableConsumer.run).
-FETCH_TIMEOUT_S = 1.0
-#: Admissions handled at once (those of one agent still one after the other).
+#: Admissions handled at once (the others wait their turn, in the order they were folded).
 START_CONCURRENCY = 64
+#: How often a spawner looks over the admissions waiting for a start (`look_over_admissions`).
+ADMISSIONS_LOOK_S = 1.0
+#: A spawner shares the admissions with the peers heard from within this many heartbeat
+#: intervals (itself included).
+OWNER_HEARTBEATS = 3
+#: How long a stopping spawner lets the starts it has begun finish.
+START_DRAIN_S = 5.0
 #: How long an admission waits for the projection to fold the log up to it, to be answered
 #: from `FreshAgents`; after that it reads the log instead.
 FRESH_WAIT_S = 2.0
@@ -143,6 +155,11 @@ COMPLETION_GUARDS_LOST = Counter(
     "Appends of the completion said for an agent that ended well without saying so that lost "
     "their guard (a status of the agent the spawner had not folded yet), each followed by a "
     "read of the agent's newest status.",
+)
+WAITING_ADMISSIONS = Gauge(
+    "grove_spawner_admissions_waiting",
+    "Admissions in this spawner's projection that no instance has started from and that it "
+    "has not decided on yet (set each time it looks them over, every second).",
 )
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
@@ -315,10 +332,20 @@ class Spawner:
         #: Whether a `pause_all` is in force (no `resume_all` after it yet).
         self.paused = False
         self.peers = PeerWatch(since=time.monotonic())
+        #: Heartbeats only (not a peer's starts read from the log): the spawners that share
+        #: the admissions now.
+        self.beats = PeerWatch(since=time.monotonic())
+        #: Admissions being started here: agent id -> the admission's sequence.
+        self.starting: dict[str, int] = {}
+        self.desk = AdmissionDesk(spawner_id)
+        self._start_slots = asyncio.Semaphore(START_CONCURRENCY)
+        self._start_tasks: set[asyncio.Task[None]] = set()
+        #: Whether this spawner starts the admissions it folds (cleared when it shuts down; a
+        #: test that hands admissions to `start` itself clears it too).
+        self.takes_admissions = True
+        self._beat_task: asyncio.Task[None] | None = None
         #: Lost agents already ended (agent id -> started_seq of the instance), not retried.
         self._ended_lost: dict[str, int] = {}
-        self.consumer = DurableConsumer(event_log, DURABLE, subject_for("status", "*"))
-        self.consumer_task: asyncio.Task[None] | None = None
         self.runner: ProjectionRunner[SpawnerState] = ProjectionRunner(
             name=f"spawner-{spawner_id}",
             log=event_log,
@@ -333,29 +360,88 @@ class Spawner:
 
     # -- starting ----------------------------------------------------------------------------
 
-    def takes_admissions(self) -> bool:
-        """Whether the shared durable consumer of statuses is being read (the last step of
-        starting: until then the spawner starts no agent)."""
-        return self.consumer_task is not None and not self.consumer_task.done()
+    def sharing(self, now: float) -> list[str]:
+        """The spawners the admissions are shared among now: this one, and the peers whose
+        heartbeats came lately."""
+        alive = self.beats.alive(now, OWNER_HEARTBEATS * self.heartbeat_interval)
+        if self.spawner_id not in alive:
+            alive.append(self.spawner_id)
+        return alive
 
-    @staticmethod
-    def passes_over(record: RawRecord) -> bool:
-        """Whether a status of the durable consumer cannot be an admission: its bytes cannot
-        say `admitted` (two statuses in three). It is acknowledged, never decoded."""
-        return not may_be_admission(record.data)
+    def _admission_folded(self, recorded: Recorded, status: StatusEvent) -> None:
+        """A live admission, just folded: its owner starts it at once."""
+        agent_id = status.agent_id
+        if self.runner.state.admitted.get(agent_id) != recorded.seq:
+            return  # an instance runs: the admission starts nothing, and waits for nothing
+        now = time.monotonic()
+        self.desk.saw(agent_id, recorded.seq, now)
+        if owner(agent_id, self.sharing(now)) == self.spawner_id:
+            self._launch(agent_id, recorded.seq, recorded)
 
-    async def on_status(self, delivery: Delivery) -> None:
-        """Handle one status from the shared durable consumer: an admission starts its agent
-        (the consumer passes over the statuses that cannot be one, see `passes_over`)."""
-        try:
-            recorded = decode_record(delivery.record)
-        except InvalidEvent:
-            await delivery.ack()  # the projection runner dead-letters it
+    def look_over_admissions(self, now: float) -> None:
+        """Start the waiting admissions due now (`AdmissionDesk.due`)."""
+        waiting = self.runner.state.admitted
+        busy = self.starting.keys() | self.running.keys()
+        for agent_id, seq in self.desk.due(
+            waiting, busy, self.sharing(now), now, self.spawner_timeout
+        ):
+            self._launch(agent_id, seq)
+        WAITING_ADMISSIONS.set(self.desk.undecided(waiting))
+
+    async def watch_admissions(self) -> None:
+        """Look over the waiting admissions every `ADMISSIONS_LOOK_S`, once caught up."""
+        await self.runner.caught_up.wait()
+        while self.takes_admissions:
+            try:
+                self.look_over_admissions(time.monotonic())
+            except Exception:
+                log.exception("could not look over the waiting admissions; will retry")
+            await asyncio.sleep(ADMISSIONS_LOOK_S)
+
+    def _launch(self, agent_id: str, seq: int, recorded: Recorded | None = None) -> None:
+        if not self.takes_admissions or agent_id in self.starting:
             return
-        event = recorded.event
-        if isinstance(event, StatusEvent) and event.status_type == "admitted":
-            await self.start(recorded, event)
-        await delivery.ack()
+        self.starting[agent_id] = seq
+        task = asyncio.create_task(
+            self._start_admission(agent_id, seq, recorded), name=f"admission-{agent_id}"
+        )
+        self._start_tasks.add(task)
+        task.add_done_callback(self._start_tasks.discard)
+
+    async def _start_admission(self, agent_id: str, seq: int, recorded: Recorded | None) -> None:
+        """Start from one admission, at most `START_CONCURRENCY` at once. An attempt that
+        fails (the log unreachable) is not decided: the next look tries it again."""
+        try:
+            async with self._start_slots:
+                if not self.takes_admissions:
+                    return
+                if recorded is None:
+                    recorded = await self._read_admission(agent_id, seq)
+                event = None if recorded is None else recorded.event
+                if recorded is not None and isinstance(event, StatusEvent):
+                    await self.start(recorded, event)
+            self.desk.decide(agent_id, seq)
+        except Exception:
+            log.exception("admission of %s at seq %s failed; will try again", agent_id, seq)
+        finally:
+            self.starting.pop(agent_id, None)
+
+    async def _read_admission(self, agent_id: str, seq: int) -> Recorded | None:
+        """The admission at `seq`, read from the log (None: it is not there any more)."""
+        raw = await self.log.get_at(seq)
+        try:
+            recorded = None if raw is None else decode_record(raw)
+        except InvalidEvent:
+            recorded = None
+        event = None if recorded is None else recorded.event
+        if not (
+            isinstance(event, StatusEvent)
+            and event.status_type == "admitted"
+            and event.agent_id == agent_id
+        ):
+            log.warning("admission of %s at seq %s is not in the log; ignoring", agent_id, seq)
+            return None
+        return recorded
 
     async def start(self, admitted: Recorded, status: StatusEvent) -> None:
         """Start the instance an admission is for, unless it started already or elsewhere."""
@@ -848,6 +934,8 @@ class Spawner:
         self.fresh.fold(recorded)
         event = recorded.event
         if isinstance(event, StatusEvent):
+            if event.status_type == "admitted" and live:
+                self._admission_folded(recorded, event)
             spawner_id = event.payload.details.get(SPAWNER_ID_DETAIL)
             if event.status_type == "started" and isinstance(spawner_id, str):
                 self.peers.hear(spawner_id, time.monotonic())
@@ -970,22 +1058,31 @@ class Spawner:
     async def heartbeat(self) -> None:
         """Tell the peers this spawner is alive, and which agents it runs, every interval."""
         while True:
-            body = {
-                "spawner_id": self.spawner_id,
-                "agents": sorted(self.running),
-                "time": datetime.now(UTC).isoformat(),
-            }
-            try:
-                await self.log.nc.publish(HEARTBEAT_SUBJECT, json.dumps(body).encode())
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
-                log.debug("heartbeat not sent: %r", exc)
+            await self._beat()
             await asyncio.sleep(self.heartbeat_interval)
+
+    async def _beat(self) -> None:
+        body = {
+            "spawner_id": self.spawner_id,
+            "agents": sorted(self.running),
+            "time": datetime.now(UTC).isoformat(),
+        }
+        try:
+            await self.log.nc.publish(HEARTBEAT_SUBJECT, json.dumps(body).encode())
+        except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+            log.debug("heartbeat not sent: %r", exc)
 
     async def heard(self, heartbeat: dict[str, Any]) -> dict[str, Any]:
         """A peer's heartbeat (`grove.rpc.spawner.heartbeat`, served through FastStream)."""
         spawner_id = heartbeat.get("spawner_id")
         if isinstance(spawner_id, str):
-            self.peers.hear(spawner_id, time.monotonic())
+            now = time.monotonic()
+            if spawner_id not in self.sharing(now):
+                # A peer that just came (or came back) has not heard this spawner yet: a beat
+                # now, so that both share the admissions from its start, not an interval on.
+                self._beat_task = asyncio.create_task(self._beat())
+            self.peers.hear(spawner_id, now)
+            self.beats.hear(spawner_id, now)
         return {}
 
     async def watch_peers(self) -> None:
@@ -1015,6 +1112,7 @@ class Spawner:
     async def _on_caught_up(self) -> None:
         self.peers.since = time.monotonic()
         await self.fail_lost_agents()
+        self.look_over_admissions(time.monotonic())
 
     async def fail_lost_agents(self) -> None:
         """After a restart: agents this spawner started before are gone; say so."""
@@ -1050,7 +1148,12 @@ class Spawner:
         return True
 
     async def shutdown(self) -> None:
-        """Stop every running agent (they end as stopped), then stop taking admissions."""
+        """Start no further admission, let the starts begun finish, then stop every running
+        agent (they end as stopped). What was not started waits in the log for a peer, or
+        for this spawner's next start."""
+        self.takes_admissions = False
+        if self._start_tasks:
+            await asyncio.wait(list(self._start_tasks), timeout=START_DRAIN_S)
         for agent in list(self.running.values()):
             if agent.task is not None:
                 agent.stop_reason = agent.stop_reason or f"spawner {self.spawner_id} shut down"
@@ -1058,14 +1161,6 @@ class Spawner:
         tasks = [a.task for a in self.running.values() if a.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=10)
-        await self._release_consumer()
-
-    async def _release_consumer(self) -> None:
-        # The consumer loop ends within one fetch once the service's stop event is set; its
-        # pull subscription is dropped after, before the connection drains.
-        if self.consumer_task is not None:
-            await asyncio.wait([self.consumer_task], timeout=2 * FETCH_TIMEOUT_S)
-        await self.consumer.close()
 
 
 def agent_credentials(settings: SpawnerSettings) -> dict[str, str]:
@@ -1100,24 +1195,13 @@ async def setup(service: Service) -> None:
         agent_credentials=agent_credentials(settings),
     )
     service.ready_checks.append(spawner.runner.ready)
-    service.ready_checks.append(spawner.takes_admissions)
     heartbeats = RpcServer(NAME, {"heartbeat": spawner.heard})
     service.ready_checks.append(heartbeats.is_serving)
     await service.serve_rpc(heartbeats)
     service.spawn(spawner.heartbeat(), "spawner-heartbeat")
     service.spawn(spawner.runner.run(), "spawner-projection")
     service.spawn(spawner.watch_peers(), "spawner-peers")
-    await spawner.runner.caught_up.wait()
-    await spawner.consumer.start()
-    spawner.consumer_task = service.spawn(
-        spawner.consumer.run(
-            spawner.on_status,
-            service.stop_event,
-            concurrency=START_CONCURRENCY,
-            skip=spawner.passes_over,
-        ),
-        "spawner-consumer",
-    )
+    service.spawn(spawner.watch_admissions(), "spawner-admissions")
     service.on_stop.append(spawner.shutdown)
 
 
