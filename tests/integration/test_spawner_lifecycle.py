@@ -417,6 +417,23 @@ async def test_admissions_owned_by_a_killed_spawner_are_started_by_the_other(
     assert {e.payload.details["spawner_id"] for e in started} == {"spawner-2"}
 
 
+async def test_a_spawner_that_shuts_down_hands_its_share_of_admissions_over_at_once(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    # Heard from within three intervals (15 s), a silent spawner would keep its share that
+    # long; one that shuts down says so in a last heartbeat.
+    stack = await asyncio.to_thread(make_stack, spawners=2, GROVE_HEARTBEAT_INTERVAL="5")
+    client = GroveClient(event_log)
+    await asyncio.to_thread(stack.services["spawner-1"].stop)
+    stopped_at = time.monotonic()
+    agents = [await client.spawn("go", python_agent("silent")) for _ in range(12)]
+    starts = [await wait_status(event_log, a, "started") for a in agents]
+    elapsed = time.monotonic() - stopped_at
+
+    assert elapsed < 8, f"the last agent started {elapsed:.1f}s after the stop"
+    assert {s.payload.details["spawner_id"] for s in starts} == {"spawner-2"}
+
+
 async def test_agents_admitted_while_no_spawner_runs_start_when_one_comes_back(
     make_stack: StackFactory, event_log: EventLog
 ) -> None:

@@ -60,8 +60,9 @@ CONTRACT = Contract(
     answers=(
         Channel(
             HEARTBEAT_SUBJECT,
-            'Heartbeats between replicas: {"spawner_id", "agents"}, published every '
-            "GROVE_HEARTBEAT_INTERVAL seconds.",
+            'Heartbeats between replicas: {"spawner_id", "agents", "takes_admissions"}, '
+            "published every GROVE_HEARTBEAT_INTERVAL seconds, at once to a peer heard for "
+            "the first time, and with takes_admissions false when a spawner shuts down.",
             name="heartbeat",
         ),
     ),

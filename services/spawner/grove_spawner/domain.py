@@ -322,6 +322,10 @@ class PeerWatch:
         """A sign of life from a spawner."""
         self.heard[spawner_id] = max(now, self.heard.get(spawner_id, now))
 
+    def forget(self, spawner_id: str) -> None:
+        """A spawner said it is leaving."""
+        self.heard.pop(spawner_id, None)
+
     def alive(self, now: float, within: float) -> list[str]:
         """The spawners heard from in the last `within` seconds."""
         return [spawner_id for spawner_id, at in self.heard.items() if now - at <= within]

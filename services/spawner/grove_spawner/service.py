@@ -1066,6 +1066,7 @@ class Spawner:
             "spawner_id": self.spawner_id,
             "agents": sorted(self.running),
             "time": datetime.now(UTC).isoformat(),
+            "takes_admissions": self.takes_admissions,
         }
         try:
             await self.log.nc.publish(HEARTBEAT_SUBJECT, json.dumps(body).encode())
@@ -1077,12 +1078,17 @@ class Spawner:
         spawner_id = heartbeat.get("spawner_id")
         if isinstance(spawner_id, str):
             now = time.monotonic()
-            if spawner_id not in self.sharing(now):
+            self.peers.hear(spawner_id, now)
+            if heartbeat.get("takes_admissions") is False:
+                # Shutting down: its agents still beat on, its admissions are the others'.
+                self.beats.forget(spawner_id)
+            elif spawner_id not in self.sharing(now):
                 # A peer that just came (or came back) has not heard this spawner yet: a beat
                 # now, so that both share the admissions from its start, not an interval on.
                 self._beat_task = asyncio.create_task(self._beat())
-            self.peers.hear(spawner_id, now)
-            self.beats.hear(spawner_id, now)
+                self.beats.hear(spawner_id, now)
+            else:
+                self.beats.hear(spawner_id, now)
         return {}
 
     async def watch_peers(self) -> None:
@@ -1152,6 +1158,7 @@ class Spawner:
         agent (they end as stopped). What was not started waits in the log for a peer, or
         for this spawner's next start."""
         self.takes_admissions = False
+        await self._beat()  # the peers take this spawner's share of the admissions now
         if self._start_tasks:
             await asyncio.wait(list(self._start_tasks), timeout=START_DRAIN_S)
         for agent in list(self.running.values()):
