@@ -343,7 +343,8 @@ class Spawner:
         #: Whether this spawner starts the admissions it folds (cleared when it shuts down; a
         #: test that hands admissions to `start` itself clears it too).
         self.takes_admissions = True
-        self._beat_task: asyncio.Task[None] | None = None
+        #: Heartbeats sent out of turn, held until sent (the loop keeps only weak references).
+        self._out_of_turn: set[asyncio.Task[None]] = set()
         #: Lost agents already ended (agent id -> started_seq of the instance), not retried.
         self._ended_lost: dict[str, int] = {}
         self.runner: ProjectionRunner[SpawnerState] = ProjectionRunner(
@@ -1085,7 +1086,9 @@ class Spawner:
             elif spawner_id not in self.sharing(now):
                 # A peer that just came (or came back) has not heard this spawner yet: a beat
                 # now, so that both share the admissions from its start, not an interval on.
-                self._beat_task = asyncio.create_task(self._beat())
+                beat = asyncio.create_task(self._beat())
+                self._out_of_turn.add(beat)
+                beat.add_done_callback(self._out_of_turn.discard)
                 self.beats.hear(spawner_id, now)
             else:
                 self.beats.hear(spawner_id, now)
