@@ -1,13 +1,20 @@
 """How spawners share admissions: the fold keeps those no instance started from, `owner`
-gives each one spawner, and `AdmissionDesk` says when a spawner starts one."""
+gives each one spawner, `AdmissionDesk` says when a spawner starts one, and heartbeats say
+which spawners share them."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections import Counter
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from grove_spawner.domain import AdmissionDesk, SpawnerState, evolve, owner
+from grove_spawner.domain import AdmissionDesk, PeerWatch, SpawnerState, evolve, owner
+from grove_spawner.service import Spawner
 from tests.unit.helpers import Log
 
 pytestmark = pytest.mark.unit
@@ -124,3 +131,42 @@ def test_an_admission_seen_when_folded_is_overdue_from_then() -> None:
     desk.saw(agent, 4, now=50.0)
     assert desk.due({agent: 4}, set(), others, 64.0, 15.0) == []
     assert desk.due({agent: 4}, set(), others, 65.0, 15.0) == [(agent, 4)]
+
+
+class Published:
+    """A connection that keeps what is published (the spawner's heartbeats)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.bodies.append(json.loads(data))
+
+
+def lone_spawner(spawner_id: str) -> tuple[Spawner, Published]:
+    spawner = Spawner.__new__(Spawner)  # only what heartbeats touch
+    published = Published()
+    spawner.log = SimpleNamespace(nc=published)  # type: ignore[assignment]
+    spawner.spawner_id, spawner.heartbeat_interval = spawner_id, 2.0
+    spawner.peers = PeerWatch(since=time.monotonic())
+    spawner.beats = PeerWatch(since=time.monotonic())
+    spawner.running, spawner.takes_admissions, spawner._out_of_turn = {}, True, set()
+    return spawner, published
+
+
+async def test_a_new_peer_is_answered_at_once_and_a_leaving_one_loses_its_share() -> None:
+    spawner, published = lone_spawner("me")
+    assert spawner.sharing(time.monotonic()) == ["me"]
+
+    await spawner.heard({"spawner_id": "peer", "takes_admissions": True})
+    await asyncio.sleep(0)  # the beat sent out of turn
+    assert [b["spawner_id"] for b in published.bodies] == ["me"]
+    assert sorted(spawner.sharing(time.monotonic())) == ["me", "peer"]
+
+    await spawner.heard({"spawner_id": "peer", "takes_admissions": True})
+    await asyncio.sleep(0)
+    assert len(published.bodies) == 1  # a known peer is not answered again
+
+    await spawner.heard({"spawner_id": "peer", "takes_admissions": False})
+    assert spawner.sharing(time.monotonic()) == ["me"]
+    assert "peer" in spawner.peers.heard  # its running agents are still watched
