@@ -161,6 +161,11 @@ WAITING_ADMISSIONS = Gauge(
     "Admissions in this spawner's projection that no instance has started from and that it "
     "has not decided on yet (set each time it looks them over, every second).",
 )
+STARTS_LOST = Counter(
+    "grove_spawner_starts_lost_total",
+    "Appends of `started` that lost their guard: another replica started the agent first, "
+    "or another event of the agent came after its admission.",
+)
 LOST_AGENTS = Counter(
     "grove_spawner_lost_agents_total",
     "Agents ended as failed because the spawner running them was lost.",
@@ -489,6 +494,7 @@ class Spawner:
             )
         except ConcurrencyConflict:
             self.running.pop(agent_id, None)
+            STARTS_LOST.inc()
             log.info("%s was started elsewhere", agent_id)
             return
         except BaseException:
