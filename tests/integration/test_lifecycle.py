@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from agentgrove.stack import Stack
 from grove_core.log import EventLog
 from grove_core.records import Recorded
 from grove_events import AgentConfig, SpawnEvent, StatusEvent, TerminateEvent, new_id
+from tests.integration.test_message_rate import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +105,7 @@ def is_status(
 
 def metric(port: int, name: str) -> float | None:
     """The first sample of a metric on a service's /metrics (None: none yet)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text: str = response.read().decode()
-    for line in text.splitlines():
+    for line in scrape(port).splitlines():
         if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     return None

@@ -340,8 +340,8 @@ class Spawner:
         #: Heartbeats only (not a peer's starts read from the log): the spawners that share
         #: the admissions now.
         self.beats = PeerWatch(since=time.monotonic())
-        #: Admissions being started here: agent id -> the admission's sequence.
-        self.starting: dict[str, int] = {}
+        #: Agents whose admission is being started here.
+        self.starting: set[str] = set()
         self.desk = AdmissionDesk(spawner_id)
         self._start_slots = asyncio.Semaphore(START_CONCURRENCY)
         self._start_tasks: set[asyncio.Task[None]] = set()
@@ -387,7 +387,7 @@ class Spawner:
     def look_over_admissions(self, now: float) -> None:
         """Start the waiting admissions due now (`AdmissionDesk.due`)."""
         waiting = self.runner.state.admitted
-        busy = self.starting.keys() | self.running.keys()
+        busy = self.starting | self.running.keys()
         for agent_id, seq in self.desk.due(
             waiting, busy, self.sharing(now), now, self.spawner_timeout
         ):
@@ -407,7 +407,7 @@ class Spawner:
     def _launch(self, agent_id: str, seq: int, recorded: Recorded | None = None) -> None:
         if not self.takes_admissions or agent_id in self.starting:
             return
-        self.starting[agent_id] = seq
+        self.starting.add(agent_id)
         task = asyncio.create_task(
             self._start_admission(agent_id, seq, recorded), name=f"admission-{agent_id}"
         )
@@ -423,14 +423,13 @@ class Spawner:
                     return
                 if recorded is None:
                     recorded = await self._read_admission(agent_id, seq)
-                event = None if recorded is None else recorded.event
-                if recorded is not None and isinstance(event, StatusEvent):
-                    await self.start(recorded, event)
+                if recorded is not None and isinstance(recorded.event, StatusEvent):
+                    await self.start(recorded, recorded.event)
             self.desk.decide(agent_id, seq)
         except Exception:
             log.exception("admission of %s at seq %s failed; will try again", agent_id, seq)
         finally:
-            self.starting.pop(agent_id, None)
+            self.starting.discard(agent_id)
 
     async def _read_admission(self, agent_id: str, seq: int) -> Recorded | None:
         """The admission at `seq`, read from the log (None: it is not there any more)."""
@@ -1089,15 +1088,14 @@ class Spawner:
             if heartbeat.get("takes_admissions") is False:
                 # Shutting down: its agents still beat on, its admissions are the others'.
                 self.beats.forget(spawner_id)
-            elif spawner_id not in self.sharing(now):
+                return {}
+            if spawner_id not in self.sharing(now):
                 # A peer that just came (or came back) has not heard this spawner yet: a beat
                 # now, so that both share the admissions from its start, not an interval on.
                 beat = asyncio.create_task(self._beat())
                 self._out_of_turn.add(beat)
                 beat.add_done_callback(self._out_of_turn.discard)
-                self.beats.hear(spawner_id, now)
-            else:
-                self.beats.hear(spawner_id, now)
+            self.beats.hear(spawner_id, now)
         return {}
 
     async def watch_peers(self) -> None:
