@@ -108,8 +108,11 @@ async def watching(log: EventLog, *, starts: bool = True) -> AsyncIterator[Watch
         await watch.stop()
 
 
-def new_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:
-    """The four services against `nats_url`, limits from CONFIG (not started yet)."""
+def new_stack(
+    data_dir: Path, nats_url: str, spawners: int, env: dict[str, str] | None = None
+) -> Stack:
+    """The four services against `nats_url`, limits from CONFIG, `env` added to the services'
+    environment (not started yet)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "grove.yaml"
     config.write_text(CONFIG)
@@ -118,15 +121,17 @@ def new_stack(data_dir: Path, nats_url: str, spawners: int) -> Stack:
         nats_url=nats_url,
         spawners=spawners,
         config_file=config,
-        extra_env={"PYTHONPATH": str(REPO), "GROVE_LOG_LEVEL": "WARNING"},
+        extra_env={"PYTHONPATH": str(REPO), "GROVE_LOG_LEVEL": "WARNING", **(env or {})},
     )
 
 
 @contextlib.asynccontextmanager
-async def running_stack(data_dir: Path, nats_url: str, spawners: int) -> AsyncIterator[Stack]:
+async def running_stack(
+    data_dir: Path, nats_url: str, spawners: int, env: dict[str, str] | None = None
+) -> AsyncIterator[Stack]:
     """A started stack, stopped on the way out; also when cancelled while it starts (the
     start, in a thread, finishes first, so that no service is left behind)."""
-    stack = new_stack(data_dir, nats_url, spawners)
+    stack = new_stack(data_dir, nats_url, spawners, env)
     starting = asyncio.ensure_future(asyncio.to_thread(stack.start, 120))
     try:
         await asyncio.shield(starting)

@@ -164,7 +164,8 @@ def render(results: dict[str, Any]) -> str:
         server = run["server"]
         parts.append(
             f"nats-server {server['version']} [{mode}]: sync_always={server['sync_always']}, "
-            f"sync_interval={server['sync_interval_s']:g}s"
+            f"sync_interval={server['sync_interval_s']:g}s; the services' "
+            f"GROVE_APPEND_BATCH_FROM={run.get('append_batch_from', 0)}"
         )
     parts.append(
         f"load average: {results['meta']['load_average_at_start']} at start, "

@@ -84,6 +84,8 @@ QUICK = Counts(
     timeout_s=60.0,
 )
 MODES = ("default", "always")
+#: The services' GROVE_APPEND_BATCH_FROM under each sync setting, as the README advises.
+APPEND_BATCH_FROM = {"default": 0, "always": 16}
 #: What a run can measure: the stack under each sync setting, rebuilds, state memory.
 PARTS = frozenset({*MODES, "rebuild", "memory"})
 
@@ -148,8 +150,10 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
             await client.close()
         log = await EventLog.connect(server.url, name="bench")
         await log.ensure_stream()
-        note(f"{mode}: starting the stack")
-        async with plane.running_stack(folder / mode / "stack", server.url, spawners) as stack:
+        out["append_batch_from"] = APPEND_BATCH_FROM[mode]
+        note(f"{mode}: starting the stack (GROVE_APPEND_BATCH_FROM={out['append_batch_from']})")
+        env = {"GROVE_APPEND_BATCH_FROM": str(out["append_batch_from"])}
+        async with plane.running_stack(folder / mode / "stack", server.url, spawners, env) as stack:
             note(f"{mode}: spawn → started, {counts.spawn_samples} agents one at a time")
             async with plane.watching(log) as watch:
                 out["spawn_to_started"] = await plane.spawn_to_started(

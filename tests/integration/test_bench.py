@@ -41,6 +41,7 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     runs = results["runs"]
     assert runs["default"]["server"]["sync_always"] is False
     assert runs["always"]["server"]["sync_always"] is True
+    assert (runs["default"]["append_batch_from"], runs["always"]["append_batch_from"]) == (0, 16)
     counts = results["meta"]["counts"]
     for run in runs.values():
         for trip in (

@@ -135,6 +135,7 @@ def stream_config(definition: StreamDefinition = GROVE_STREAM) -> js_api.StreamC
         max_consumers=definition.max_consumers,
         num_replicas=definition.replicas,
         allow_direct=True,
+        allow_atomic=True,
     )
 
 

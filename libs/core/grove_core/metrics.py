@@ -30,6 +30,12 @@ CATCH_UP_HELPER_FAILURES = Counter(
     "Catch-ups whose helper process stopped early (the projection read on itself).",
     ["projection"],
 )
+APPEND_BATCHES = Counter(
+    "grove_append_batches_total",
+    "Atomic batches of appends (GROVE_APPEND_BATCH_FROM), by outcome: stored, or refused "
+    "(its appends were then sent one by one).",
+    ["outcome"],
+)
 REPLAY_SECONDS = Gauge(
     "grove_replay_duration_seconds",
     "Time the last start-up replay took to catch up.",

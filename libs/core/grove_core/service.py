@@ -56,6 +56,7 @@ class Service:
             name=self.name,
             **nats_options(self.settings),
         )
+        self.log.acks.batch_from = self.settings.append_batch_from
         if self.settings.catch_up_helper_min > 0:
             self.log.helper = CatchUpHelper(
                 self.settings.nats_access(), self.settings.catch_up_helper_min

@@ -71,6 +71,14 @@ class ServiceSettings(BaseSettings):
         description="A projection at least this many events behind reads them through a "
         "helper process, on another CPU (`grove_core.catchup`); 0: never.",
     )
+    append_batch_from: int = Field(
+        default=0,
+        ge=0,
+        description="With this many appends unacknowledged, the next ones go out as atomic "
+        "batches, which nats-server stores and syncs to disk at once (`grove_core.acks`). Set "
+        "it (16) when the server syncs every write (`sync_interval: always`); with the "
+        "default sync, batches cost the server more than they save. 0: never.",
+    )
 
     def nats_access(self) -> NatsAccess:
         """The NATS URL and credentials these settings name."""

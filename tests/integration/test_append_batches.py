@@ -1,0 +1,155 @@
+"""Appends sent as atomic batches (`AckInbox.batch_from`), against a real nats-server: each
+append is answered as if it had gone alone (its own sequence, in order; a copy said to be one;
+a lost guard failing only its own append), and a stream that takes no batches gets the appends
+one by one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from nats.js import api as js_api
+
+from agentgrove.client import GroveClient
+from grove_core.acks import server_takes_batches
+from grove_core.log import ConcurrencyConflict, EventLog
+from grove_events import subject_for
+from tests.integration.test_lifecycle import (
+    StackFactory,
+    history,
+    metric,
+    per_agent,
+    python_agent,
+    statuses,
+    terminates,
+    wait_ended,
+)
+from tests.integration.test_log import spawn_event, status_event
+
+pytestmark = pytest.mark.integration
+
+#: Agents spawned at once through a stack, all admitted at once.
+BURST = 120
+ROOMY = f"""
+resources:
+  global:
+    max_concurrent_agents: {BURST}
+"""
+
+
+async def test_appends_in_flight_go_out_in_batches_each_answered_for_itself(
+    event_log: EventLog,
+) -> None:
+    event_log.acks.batch_from = 4
+    events = [spawn_event(f"agent-{i}") for i in range(300)]
+    landed = await event_log.append_many(events)
+    assert event_log.acks.batches > 0
+    assert [a.seq for a in landed] == list(range(1, 301))
+    assert not any(a.duplicate for a in landed)
+    for event, appended in zip(events[::25], landed[::25], strict=True):
+        record = await event_log.get_last(subject_for("spawn", event.agent_id))
+        assert record is not None
+        assert record.seq == appended.seq
+        assert record.headers.get("Nats-Msg-Id") == event.event_id
+
+    # A batch holding a copy of a stored event is refused whole; each is then sent alone.
+    batches = event_log.acks.batches
+    event_log.acks.batch_from = 1  # the first goes alone, the other three in a batch
+    mixed = [events[0], spawn_event("new-1"), events[1], spawn_event("new-2")]
+    again = await asyncio.gather(*(event_log.append(event) for event in mixed))
+    assert [(a.seq, a.duplicate) for a in again] == [
+        (1, True),
+        (301, False),
+        (2, True),
+        (302, False),
+    ]
+    assert event_log.acks.batches == batches
+    assert event_log.acks.refused_batches == 1
+
+
+async def test_a_lost_guard_in_a_batch_fails_only_its_own_append(event_log: EventLog) -> None:
+    event_log.acks.batch_from = 1
+    await event_log.append(spawn_event("a"))
+    admitted = await event_log.append(status_event("a", "admitted"), expect_last_seq=0)
+    outcomes = await asyncio.gather(
+        event_log.append(spawn_event("first")),  # alone: nothing unanswered yet
+        event_log.append(spawn_event("b")),
+        event_log.append(status_event("a", "started"), expect_last_seq=admitted.seq - 1),
+        event_log.append(spawn_event("c")),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[2], ConcurrencyConflict)
+    stored = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert sorted(a.seq for a in stored) == [3, 4, 5]
+    assert (event_log.acks.batches, event_log.acks.refused_batches) == (0, 1)
+    for agent in ("b", "c"):
+        assert await event_log.get_last(subject_for("spawn", agent)) is not None
+    assert await event_log.get_last(subject_for("status", "a")) is not None
+
+    racing = await asyncio.gather(
+        *(
+            event_log.append(status_event("a", "started"), expect_last_seq=admitted.seq)
+            for _ in range(5)
+        ),
+        return_exceptions=True,
+    )
+    assert sum(not isinstance(o, BaseException) for o in racing) == 1
+    assert sum(isinstance(o, ConcurrencyConflict) for o in racing) == 4
+
+
+async def test_a_stream_without_atomic_batches_takes_the_appends_alone(
+    event_log: EventLog,
+) -> None:
+    info = await event_log.js.stream_info(event_log.stream)
+    config = cast(js_api.StreamConfig, info.config)
+    config.allow_atomic = False
+    await event_log.js.update_stream(config)
+    event_log.acks.batch_from = 2
+    landed = await event_log.append_many([spawn_event(f"agent-{i}") for i in range(100)])
+    assert [a.seq for a in landed] == list(range(1, 101))
+    assert event_log.acks.batch_from == 0  # it stopped trying after the first refusal
+    assert (event_log.acks.batches, event_log.acks.refused_batches) == (0, 1)
+
+
+async def test_services_that_batch_their_appends_run_every_agent_once(
+    make_stack: StackFactory, event_log: EventLog
+) -> None:
+    """A burst through the four services, each sending its appends in batches as soon as one
+    is unanswered: every agent is admitted, started and ended exactly once."""
+    stack = await asyncio.to_thread(
+        make_stack, spawners=2, config=ROOMY, GROVE_APPEND_BATCH_FROM="1"
+    )
+    client = GroveClient(event_log)
+    agents = await asyncio.gather(
+        *(client.spawn("go", python_agent("quick")) for _ in range(BURST))
+    )
+
+    ended = await wait_ended(event_log, agents, timeout=90)
+    assert {e.reason for e in ended.values()} == {"completed"}
+    records = await history(event_log)
+    once = Counter(dict.fromkeys(agents, 1))
+    for status_type in ("admitted", "started", "completed"):
+        assert per_agent(statuses(records, status_type)) == once, status_type
+    assert per_agent(terminates(records)) == once
+    stored = {
+        name: await asyncio.to_thread(
+            metric, service.http_port, 'grove_append_batches_total{outcome="stored"}'
+        )
+        for name, service in stack.services.items()
+    }
+    assert (stored["governor"] or 0) > 0, stored
+    assert sum(stored.get(f"spawner-{i}") or 0 for i in (1, 2)) > 0, stored
+
+
+def test_only_servers_of_2_12_and_later_take_batches() -> None:
+    def client(info: dict[str, Any]) -> Any:
+        return SimpleNamespace(_server_info=info)
+
+    assert server_takes_batches(client({"version": "2.15.1"}))
+    assert server_takes_batches(client({"version": "2.12.0-RC.1"}))
+    assert not server_takes_batches(client({"version": "2.11.9"}))
+    assert not server_takes_batches(client({"version": "garbage"}))
+    assert not server_takes_batches(client({}))
