@@ -10,11 +10,13 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any, cast
 
+import nats.errors
 import pytest
+from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from agentgrove.client import GroveClient
-from grove_core.acks import server_takes_batches
+from grove_core.acks import AckInbox, server_takes_batches
 from grove_core.log import ConcurrencyConflict, EventLog
 from grove_events import subject_for
 from tests.integration.test_lifecycle import (
@@ -98,6 +100,36 @@ async def test_a_lost_guard_in_a_batch_fails_only_its_own_append(event_log: Even
     )
     assert sum(not isinstance(o, BaseException) for o in racing) == 1
     assert sum(isinstance(o, ConcurrencyConflict) for o in racing) == 4
+
+
+async def test_a_batch_nobody_answers_fails_each_of_its_appends_in_time(
+    event_log: EventLog,
+) -> None:
+    """A plain subscriber takes the messages and answers none: every append of the batch,
+    as the one sent alone before it, fails with nats-py's timeout; the inbox then goes on."""
+    held: list[Msg] = []
+
+    async def hold(msg: Msg) -> None:
+        held.append(msg)
+
+    sub = await event_log.nc.subscribe("silent.>", cb=hold)
+    acks = AckInbox(event_log.nc, timeout=0.3, batch_from=1)
+    try:
+        outcomes = await asyncio.gather(
+            *(acks.publish(f"silent.{i}", b"{}", {}) for i in range(4)), return_exceptions=True
+        )
+        assert all(isinstance(o, nats.errors.TimeoutError) for o in outcomes), outcomes
+        assert len(held) == 4
+        assert held[-1].headers is not None
+        assert held[-1].headers.get("Nats-Batch-Commit") == "1"
+        assert (acks.batches, acks.refused_batches) == (0, 0)
+        event = spawn_event("after")
+        seq, _ = await acks.publish(
+            subject_for("spawn", "after"), event.model_dump_json().encode(), {}
+        )
+        assert seq == 1
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_a_stream_without_atomic_batches_takes_the_appends_alone(

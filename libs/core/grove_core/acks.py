@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -94,6 +95,9 @@ class AckInbox:
         #: Messages sent and not answered yet, alone or in batches.
         self._unanswered = 0
         self._queued: list[_Queued] = []
+        #: Batch ids: random for this inbox, then a counter (nats-server takes up to 64
+        #: characters).
+        self._batch_prefix = f"{secrets.token_hex(12)}-"
         self._batch_ids = itertools.count()
         self._batching: asyncio.Task[None] | None = None
         self._resending: set[asyncio.Task[None]] = set()
@@ -218,7 +222,7 @@ class AckInbox:
             for item in batch:
                 self._follow(item, await self._send_alone(*item[:4]))
             return
-        batch_id = f"{self.nc.new_inbox()[7:]}.{next(self._batch_ids)}"
+        batch_id = f"{self._batch_prefix}{next(self._batch_ids)}"
         last = len(batch)
         for number, item in enumerate(batch, 1):
             headers = {**item.headers, BATCH_ID: batch_id, BATCH_SEQUENCE: str(number)}
