@@ -93,6 +93,8 @@ class Plan:
     seed: int
     #: On a three-node nats-server cluster (stream replicas 3), killing one node at a time.
     cluster: bool = False
+    #: The services' GROVE_APPEND_BATCH_FROM (0: each append alone).
+    append_batch_from: int = 0
 
     @property
     def per_tree(self) -> int:
@@ -467,6 +469,7 @@ async def run(plan: Plan, folder: Path, out: Path | None) -> int:
             "GROVE_SPAWNER_TIMEOUT": "4",
             "GROVE_HEARTBEAT_INTERVAL": "0.5",
             "GROVE_LOG_LEVEL": "WARNING",
+            "GROVE_APPEND_BATCH_FROM": str(plan.append_batch_from),
         },
     )
     began = time.monotonic()
@@ -586,6 +589,7 @@ def summarize(
         "kills": dict(disruptions.kills),
         "nats_restarts": disruptions.nats_restarts,
         "cluster": plan.cluster,
+        "append_batch_from": plan.append_batch_from,
         "stops": disruptions.stops,
         "forks": disruptions.forks,
         "append_retries": disruptions.append_retries,
@@ -677,6 +681,13 @@ def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
     parser.add_argument(
         "--cluster", action="store_true", help="on a three-node nats-server cluster (replicas 3)"
     )
+    parser.add_argument(
+        "--append-batch-from",
+        type=int,
+        default=0,
+        help="the services send appends in atomic batches once this many are unacknowledged "
+        "(GROVE_APPEND_BATCH_FROM; default 0: never)",
+    )
     parser.add_argument("--dir", type=Path, help="keep the run's data here (default: temporary)")
     parser.add_argument("--out", type=Path, help="write the summary as JSON here")
     args = parser.parse_args(argv)
@@ -693,7 +704,10 @@ def parse(argv: list[str]) -> tuple[Plan, Path | None, Path | None]:
         drain=args.drain,
         seed=args.seed,
         cluster=args.cluster,
+        append_batch_from=args.append_batch_from,
     )
+    if plan.append_batch_from < 0:
+        parser.error("--append-batch-from must be 0 or more")
     return plan, args.dir, args.out
 
 

@@ -1,7 +1,8 @@
 """The short chaos runs CI does: agent trees (asking questions, messaging, storing artifacts)
 while services are SIGKILLed and nats-server restarts once, on one server and on a three-node
-cluster (the stream with three replicas, as in production; a node is killed and comes back);
-every promise must hold at the end. `make chaos` runs the long one, and `make chaos
+cluster (the stream with three replicas, as in production; a node is killed and comes back,
+and the services send their appends in atomic batches, `GROVE_APPEND_BATCH_FROM=1`); every
+promise must hold at the end. `make chaos` runs the long one, and `make chaos
 CHAOS_ARGS=--cluster` the long one on a cluster."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path, cluster: bool) ->
     summary_file = tmp_path / "chaos.json"
     result = subprocess.run(
         [sys.executable, "-m", "chaos", "--quick", "--dir", str(tmp_path / "run"),
-         "--out", str(summary_file), *(["--cluster"] if cluster else [])],
+         "--out", str(summary_file),
+         *(["--cluster", "--append-batch-from", "1"] if cluster else [])],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,6 +40,7 @@ def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path, cluster: bool) ->
     assert sum(summary["kills"].values()) >= 5
     assert summary["nats_restarts"] == 1
     assert summary["cluster"] is cluster
+    assert summary["append_batch_from"] == (1 if cluster else 0)
     # The workload talks: questions answered by the scripted caller, messages, artifacts.
     assert summary["questions"] >= 10
     assert summary["answers_given"] >= 10
