@@ -19,6 +19,7 @@ from agentgrove.client import GroveClient
 from grove_core.acks import AckInbox, server_takes_batches
 from grove_core.log import ConcurrencyConflict, EventLog
 from grove_events import subject_for
+from tests.conftest import NatsEndpoint
 from tests.integration.test_lifecycle import (
     StackFactory,
     history,
@@ -130,6 +131,19 @@ async def test_a_batch_nobody_answers_fails_each_of_its_appends_in_time(
         assert seq == 1
     finally:
         await sub.unsubscribe()
+
+
+async def test_appends_queued_for_a_batch_fail_when_the_connection_closes(
+    nats_server: NatsEndpoint,
+) -> None:
+    log = await EventLog.connect(nats_server.url, name="batches-closing")
+    acks = AckInbox(log.nc, timeout=5, batch_from=1)
+    await acks.send("silent.first", b"{}", {})  # unanswered: the next ones queue
+    await log.nc.close()
+    outcomes = await asyncio.gather(
+        *(acks.publish(f"silent.{i}", b"{}", {}) for i in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(o, nats.errors.ConnectionClosedError) for o in outcomes), outcomes
 
 
 async def test_a_stream_without_atomic_batches_takes_the_appends_alone(

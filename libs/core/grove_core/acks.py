@@ -193,7 +193,9 @@ class AckInbox:
 
     async def _send_batches(self) -> None:
         """Send what is queued, a batch at a time, until nothing is (later sends queue behind,
-        so that messages go out in the order they were sent)."""
+        so that messages go out in the order they were sent). When one cannot be sent (the
+        connection closed), it and everything queued behind it fail with that error."""
+        failure: BaseException = nats.errors.ConnectionClosedError()
         try:
             await asyncio.sleep(0)  # the rest of this turn's sends join the batch
             while self._queued:
@@ -201,14 +203,19 @@ class AckInbox:
                 del self._queued[: self.batch_max]
                 try:
                     await self._send_batch(batch)
-                except BaseException as exc:
+                except asyncio.CancelledError:
+                    for item in batch:
+                        item.future.cancel()
+                    raise
+                except (nats.errors.Error, OSError, ValueError) as exc:
+                    failure = exc
                     for item in batch:
                         _fail(item.future, exc)
-                    raise
+                    break
         finally:
             self._batching = None
-            for item in self._queued:  # only when sending failed
-                _fail(item.future, nats.errors.ConnectionClosedError())
+            for item in self._queued:  # left only when sending failed or was cancelled
+                _fail(item.future, failure)
             self._queued.clear()
 
     async def _send_batch(self, batch: list[_Queued]) -> None:
