@@ -190,6 +190,25 @@ async def test_services_that_batch_their_appends_run_every_agent_once(
     assert sum(stored.get(f"spawner-{i}") or 0 for i in (1, 2)) > 0, stored
 
 
+async def test_a_client_sends_a_burst_of_spawns_in_batches_when_told(
+    nats_server: NatsEndpoint, event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GROVE_APPEND_BATCH_FROM", "2")
+    async with await GroveClient.connect(nats_server.url) as client:
+        agents = await asyncio.gather(
+            *(client.spawn("go", python_agent("quick")) for _ in range(60))
+        )
+        assert client.log.acks.batches > 0
+    records = await history(event_log)
+    assert sorted(r.event.agent_id for r in records) == sorted(agents)
+
+    monkeypatch.setenv("GROVE_APPEND_BATCH_FROM", "many")
+    with pytest.raises(ValueError, match="GROVE_APPEND_BATCH_FROM must be a count"):
+        await GroveClient.connect(nats_server.url)
+    async with await GroveClient.connect(nats_server.url, append_batch_from=0) as client:
+        assert client.log.acks.batch_from == 0
+
+
 def test_only_servers_of_2_12_and_later_take_batches() -> None:
     def client(info: dict[str, Any]) -> Any:
         return SimpleNamespace(_server_info=info)

@@ -97,6 +97,14 @@ def credentials_from_env() -> dict[str, Any]:
     return options
 
 
+def append_batch_from_env() -> int:
+    """GROVE_APPEND_BATCH_FROM as a count (0 when unset); ValueError when it is not one."""
+    value = os.environ.get("GROVE_APPEND_BATCH_FROM", "").strip() or "0"
+    if not value.isdigit():
+        raise ValueError(f"GROVE_APPEND_BATCH_FROM must be a count of appends, not {value!r}")
+    return int(value)
+
+
 def build_config(
     runtime: str,
     *,
@@ -120,10 +128,21 @@ class GroveClient:
         self.artifacts = Artifacts(log)
 
     @classmethod
-    async def connect(cls, url: str | None = None, **options: Any) -> GroveClient:
-        """Connect to the stack (see `discover_url`; credentials: `credentials_from_env`)."""
+    async def connect(
+        cls, url: str | None = None, *, append_batch_from: int | None = None, **options: Any
+    ) -> GroveClient:
+        """Connect to the stack (see `discover_url`; credentials: `credentials_from_env`).
+
+        `append_batch_from` (default: GROVE_APPEND_BATCH_FROM, else 0) sends this client's
+        appends in atomic batches once that many are unacknowledged, as the services do: for
+        a producer that publishes bursts to a server that syncs every write.
+        """
+        batch_from = append_batch_from_env() if append_batch_from is None else append_batch_from
+        if batch_from < 0:
+            raise ValueError(f"append_batch_from must be 0 or more, not {batch_from}")
         options = {**credentials_from_env(), **options}
         log = await EventLog.connect(url or discover_url(), name="grove-client", **options)
+        log.acks.batch_from = batch_from
         return cls(log)
 
     async def close(self) -> None:
