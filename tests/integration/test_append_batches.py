@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import nats.errors
 import pytest
+from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
@@ -210,11 +211,11 @@ async def test_a_client_sends_a_burst_of_spawns_in_batches_when_told(
 
 
 def test_only_servers_of_2_12_and_later_take_batches() -> None:
-    def client(info: dict[str, Any]) -> Any:
-        return SimpleNamespace(_server_info=info)
+    def client(version: str) -> Any:
+        return SimpleNamespace(connected_server_version=ServerVersion(version))
 
-    assert server_takes_batches(client({"version": "2.15.1"}))
-    assert server_takes_batches(client({"version": "2.12.0-RC.1"}))
-    assert not server_takes_batches(client({"version": "2.11.9"}))
-    assert not server_takes_batches(client({"version": "garbage"}))
-    assert not server_takes_batches(client({}))
+    assert server_takes_batches(client("2.15.1"))
+    assert server_takes_batches(client("2.12.0-RC.1"))
+    assert not server_takes_batches(client("2.11.9"))
+    assert not server_takes_batches(client("garbage"))
+    assert not server_takes_batches(client("0.0.0-unknown"))  # nats-py: not connected

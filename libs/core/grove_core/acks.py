@@ -221,13 +221,12 @@ class AckInbox:
     async def _send_batch(self, batch: list[_Queued]) -> None:
         if self.batch_from and not server_takes_batches(self.nc):
             log.warning(
-                "nats-server %s takes no atomic batches (2.12 and later do); appends go alone",
-                server_version(self.nc) or "of an unknown version",
+                "%r takes no atomic batches (2.12 and later do); appends go alone",
+                self.nc.connected_server_version,
             )
             self.batch_from = 0
         if len(batch) == 1 or not self.batch_from:
-            for item in batch:
-                self._follow(item, await self._send_alone(*item[:4]))
+            await self._send_each(batch)
             return
         batch_id = f"{self._batch_prefix}{next(self._batch_ids)}"
         last = len(batch)
@@ -287,6 +286,7 @@ class AckInbox:
         task.add_done_callback(self._resending.discard)
 
     async def _send_each(self, batch: list[_Queued]) -> None:
+        """Send each message alone; one that cannot be sent fails, and the next are tried."""
         for index, item in enumerate(batch):
             try:
                 self._follow(item, await self._send_alone(*item[:4]))
@@ -314,21 +314,14 @@ def _fail(future: asyncio.Future[Answer], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def server_version(nc: NatsClient) -> str | None:
-    """The version the connected nats-server announced."""
-    info = getattr(nc, "_server_info", None) or {}
-    version = info.get("version")
-    return str(version) if version else None
-
-
 def server_takes_batches(nc: NatsClient) -> bool:
-    """Whether the connected nats-server knows atomic batches (2.12 and later)."""
-    version = server_version(nc) or ""
+    """Whether the connected nats-server knows atomic batches (2.12 and later; a version that
+    does not parse does not)."""
+    version = nc.connected_server_version
     try:
-        major, minor = (int(part) for part in version.split("-")[0].split(".")[:2])
+        return (version.major, version.minor) >= (2, 12)
     except ValueError:
         return False
-    return (major, minor) >= (2, 12)
 
 
 def stored(answer: Answer) -> tuple[int, bool]:
