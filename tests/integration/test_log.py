@@ -252,6 +252,29 @@ async def test_set_up_gives_an_existing_stream_the_consumer_limit(event_log: Eve
     assert info.config.max_consumers == GROVE_STREAM.max_consumers
 
 
+async def test_set_up_asks_again_while_jetstream_does_not_answer(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh cluster can take longer than a request's timeout to form a new stream's group.
+    await event_log.js.delete_stream(event_log.stream)
+    add_stream = event_log.js.add_stream
+    unanswered = 2
+
+    async def slow_add_stream(config: js_api.StreamConfig) -> js_api.StreamInfo:
+        nonlocal unanswered
+        info = await add_stream(config)  # stored, but its answer lost the first times
+        if unanswered:
+            unanswered -= 1
+            raise nats.errors.TimeoutError
+        return info
+
+    monkeypatch.setattr(event_log.js, "add_stream", slow_add_stream)
+    info = await event_log.ensure_stream()
+    assert unanswered == 0
+    assert info.config.name == event_log.stream
+    assert (await event_log.js.stream_info(event_log.stream)).config.allow_atomic
+
+
 async def as_replicated(event_log: EventLog, monkeypatch: pytest.MonkeyPatch) -> EventLog:
     """Another `EventLog` on the same connection, to which the stream says it has three
     replicas (as on a cluster): its lookups go to the stream's leader."""

@@ -248,12 +248,21 @@ class EventLog:
                 await self.nc.close()
 
     async def ensure_stream(self) -> js_api.StreamInfo:
-        """Create the stream, or update it to the definition (used by set-up, not by services)."""
+        """Create the stream, or update it to the definition (used by set-up, not by services).
+
+        Asked again while JetStream does not answer (a new cluster forming the stream's raft
+        group, or electing a leader): a create that was stored but not answered is answered
+        the second time with the same stream, as creating an identical stream is no change.
+        """
         config = stream_config(self.definition)
-        try:
-            return await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError:
-            return await self.js.update_stream(config)
+
+        async def create_or_update() -> js_api.StreamInfo:
+            try:
+                return await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                return await self.js.update_stream(config)
+
+        return await while_electing(create_or_update)
 
     async def wait_for_stream(self, timeout: float = 30.0) -> js_api.StreamInfo:
         """Bind to the stream, waiting for set-up to create it; services never redefine it."""
