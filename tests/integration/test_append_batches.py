@@ -11,13 +11,14 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from agentgrove.client import GroveClient
-from grove_core.acks import AckInbox, server_takes_batches
+from grove_core.acks import AckInbox, server_takes_batches, stored
 from grove_core.log import ConcurrencyConflict, EventLog
 from grove_events import subject_for
 from tests.conftest import NatsEndpoint
@@ -210,12 +211,39 @@ async def test_a_client_sends_a_burst_of_spawns_in_batches_when_told(
         assert client.log.acks.batch_from == 0
 
 
-def test_only_servers_of_2_12_and_later_take_batches() -> None:
+async def test_a_server_that_takes_no_batch_of_such_appends_gets_them_alone(
+    event_log: EventLog,
+) -> None:
+    # nats-server 2.12.0 refused any batch holding `Nats-Msg-Id` (err 10177), which every
+    # append carries; later ones still refuse other headers, as this one.
+    inbox = event_log.acks
+    inbox.batch_from = 1
+    guarded = {"Nats-Expected-Last-Msg-Id": "none-before"}
+    answers = await asyncio.gather(
+        *(
+            inbox.send(
+                subject_for("spawn", f"agent-{i}"), b"{}", {"Nats-Msg-Id": f"m-{i}", **guarded}
+            )
+            for i in range(6)
+        )
+    )
+    # Each was answered alone: the stream holds no message, so each guard lost.
+    for answer in await asyncio.gather(*answers):
+        with pytest.raises(nats.js.errors.APIError, match="wrong last msg ID"):
+            stored(answer)
+    assert inbox.batch_from == 0  # it stopped trying after the first refusal
+    assert (inbox.batches, inbox.refused_batches) == (0, 1)
+    info = await event_log.js.stream_info(event_log.stream)
+    assert info.state.messages == 0
+
+
+def test_only_servers_of_2_12_1_and_later_take_batches() -> None:
     def client(version: str) -> Any:
         return SimpleNamespace(connected_server_version=ServerVersion(version))
 
     assert server_takes_batches(client("2.15.1"))
-    assert server_takes_batches(client("2.12.0-RC.1"))
+    assert server_takes_batches(client("2.12.1"))
+    assert not server_takes_batches(client("2.12.0"))  # no `Nats-Msg-Id` in a batch
     assert not server_takes_batches(client("2.11.9"))
     assert not server_takes_batches(client("garbage"))
     assert not server_takes_batches(client("0.0.0-unknown"))  # nats-py: not connected

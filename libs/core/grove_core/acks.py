@@ -10,7 +10,7 @@ goes out by `GroveConnection.publish_headed`, its header block encoded at once. 
 deduplication and its guards see exactly the same message.
 
 With `batch_from` (the services' `GROVE_APPEND_BATCH_FROM`), appends sent while many are
-unanswered go out as atomic batches: nats-server 2.12 and later store a batch at once, with one
+unanswered go out as atomic batches: nats-server 2.12.1 and later store a batch at once, with one
 sync to disk where the server syncs every write. A raw client on the development machine, with
 `sync_interval: always`, stored about 5,000 single messages a second, and 13,000 in batches of
 50. A batch has its own fixed cost, though. For a single replica on file storage, the server
@@ -42,12 +42,15 @@ from grove_core.metrics import APPEND_BATCHES
 
 log = logging.getLogger(__name__)
 
-#: Headers of an atomic batch (nats-server 2.12 and later; the stream needs `allow_atomic`).
+#: Headers of an atomic batch (nats-server 2.12.1 and later; the stream needs `allow_atomic`).
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQUENCE = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
-#: The stream's refusal of a batch when it does not allow atomic publishing.
+#: The stream's refusals of every batch: it does not allow atomic publishing, or the server
+#: takes no batch holding a header the appends carry (nats-server 2.12.0 took no
+#: `Nats-Msg-Id`); the appends then go alone from the first refusal on.
 ATOMIC_PUBLISH_DISABLED = 10174
+ATOMIC_PUBLISH_UNSUPPORTED_HEADER = 10177
 
 
 class Answer(NamedTuple):
@@ -221,7 +224,8 @@ class AckInbox:
     async def _send_batch(self, batch: list[_Queued]) -> None:
         if self.batch_from and not server_takes_batches(self.nc):
             log.warning(
-                "%r takes no atomic batches (2.12 and later do); appends go alone",
+                "nats-server %r takes no atomic batches of appends (2.12.1 and later do); "
+                "appends go alone",
                 self.nc.connected_server_version,
             )
             self.batch_from = 0
@@ -275,8 +279,12 @@ class AckInbox:
                         Answer(orjson.dumps({"stream": stream, "seq": first + offset}), None)
                     )
             return
-        if error is not None and error.get("err_code") == ATOMIC_PUBLISH_DISABLED:
-            self.batch_from = 0  # the stream takes no batches: send alone from now on
+        if error is not None and error.get("err_code") in (
+            ATOMIC_PUBLISH_DISABLED,
+            ATOMIC_PUBLISH_UNSUPPORTED_HEADER,
+        ):
+            log.warning("the stream takes no batches of appends (%s); appends go alone", error)
+            self.batch_from = 0
         # One message kept the whole batch out (a lost guard, a copy stored before), and the
         # stream stored none of them: each is sent again alone, to get its own answer.
         self.refused_batches += 1
@@ -315,11 +323,12 @@ def _fail(future: asyncio.Future[Answer], exc: BaseException) -> None:
 
 
 def server_takes_batches(nc: NatsClient) -> bool:
-    """Whether the connected nats-server knows atomic batches (2.12 and later; a version that
-    does not parse does not)."""
+    """Whether the connected nats-server takes atomic batches of appends: 2.12.1 and later (2.12.0
+    refused a batch holding `Nats-Msg-Id`, which every append carries); a version that does
+    not parse does not."""
     version = nc.connected_server_version
     try:
-        return (version.major, version.minor) >= (2, 12)
+        return (version.major, version.minor, version.patch) >= (2, 12, 1)
     except ValueError:
         return False
 
