@@ -23,7 +23,6 @@ from agentgrove.launcher import Launcher
 from grove_core.auth import LocalAuth, redact
 from grove_core.log import EventLog
 from grove_core.natsserver import LocalNatsServer, free_port
-from grove_core.replay import while_electing
 from grove_events import GROVE_STREAM
 
 #: service name -> module run with `python -m`
@@ -35,8 +34,6 @@ SERVICE_MODULES = {
 }
 
 
-#: How long the stack retries creating the GROVE stream while JetStream is not ready.
-STREAM_SETUP_TIMEOUT_S = 30.0
 #: Times start-up picks another HTTP port for a service whose port was taken meanwhile.
 PORT_MOVES = 5
 
@@ -214,8 +211,9 @@ class Stack:
         definition = dataclasses.replace(GROVE_STREAM, replicas=self.stream_replicas)
         log = await EventLog.connect(url, name="grove-up", definition=definition)
         try:
-            # A cluster that has just elected its leader may not take requests yet.
-            await while_electing(log.ensure_stream, STREAM_SETUP_TIMEOUT_S)
+            # A cluster that has just elected its leader may not take requests yet: set-up
+            # asks again meanwhile (`EventLog.ensure_stream`).
+            await log.ensure_stream()
         finally:
             await log.close()
 
