@@ -13,23 +13,32 @@ import pytest
 from nats.aio.msg import Msg
 
 from grove_core.acks import AckInbox, Answer, stored
-from grove_core.log import ConcurrencyConflict, EventLog
-from grove_events import subject_for
+from grove_core.log import Appended, ConcurrencyConflict, EventLog
+from grove_events import SpawnEvent, subject_for
 from tests.conftest import NatsEndpoint
 from tests.integration.test_log import append_after_restart, spawn_event, status_event
 
 pytestmark = pytest.mark.integration
 
 
-async def test_pipelined_appends_each_get_their_own_acknowledgement(event_log: EventLog) -> None:
-    events = [spawn_event(f"agent-{i}") for i in range(300)]
-    landed = await event_log.append_many(events)
+async def assert_stored_as_answered(
+    event_log: EventLog, events: list[SpawnEvent], landed: list[Appended], every: int
+) -> None:
+    """Each of 300 spawns appended to an empty log was answered with its own new sequence,
+    in order, and (for every `every`th) is stored there under its event id."""
     assert [a.seq for a in landed] == list(range(1, 301))
     assert not any(a.duplicate for a in landed)
-    for event, appended in zip(events[::50], landed[::50], strict=True):
+    for event, appended in zip(events[::every], landed[::every], strict=True):
         record = await event_log.get_last(subject_for("spawn", event.agent_id))
         assert record is not None
         assert record.seq == appended.seq
+        assert record.headers.get("Nats-Msg-Id") == event.event_id
+
+
+async def test_pipelined_appends_each_get_their_own_acknowledgement(event_log: EventLog) -> None:
+    events = [spawn_event(f"agent-{i}") for i in range(300)]
+    landed = await event_log.append_many(events)
+    await assert_stored_as_answered(event_log, events, landed, every=50)
 
     again = await event_log.append_many(events[:3])  # retried: stored once, said so
     assert [(a.seq, a.duplicate) for a in again] == [(1, True), (2, True), (3, True)]

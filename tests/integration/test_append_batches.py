@@ -22,6 +22,7 @@ from grove_core.acks import AckInbox, server_takes_batches, stored
 from grove_core.log import ConcurrencyConflict, EventLog
 from grove_events import subject_for
 from tests.conftest import NatsEndpoint
+from tests.integration.test_acks import assert_stored_as_answered
 from tests.integration.test_lifecycle import (
     StackFactory,
     history,
@@ -52,13 +53,7 @@ async def test_appends_in_flight_go_out_in_batches_each_answered_for_itself(
     events = [spawn_event(f"agent-{i}") for i in range(300)]
     landed = await event_log.append_many(events)
     assert event_log.acks.batches > 0
-    assert [a.seq for a in landed] == list(range(1, 301))
-    assert not any(a.duplicate for a in landed)
-    for event, appended in zip(events[::25], landed[::25], strict=True):
-        record = await event_log.get_last(subject_for("spawn", event.agent_id))
-        assert record is not None
-        assert record.seq == appended.seq
-        assert record.headers.get("Nats-Msg-Id") == event.event_id
+    await assert_stored_as_answered(event_log, events, landed, every=25)
 
     # A batch holding a copy of a stored event is refused whole; each is then sent alone.
     batches = event_log.acks.batches
