@@ -84,7 +84,8 @@ QUICK = Counts(
     timeout_s=60.0,
 )
 MODES = ("default", "always")
-#: The services' GROVE_APPEND_BATCH_FROM under each sync setting, as the README advises.
+#: GROVE_APPEND_BATCH_FROM under each sync setting, as the README advises: the services and
+#: the benchmark's client use it alike.
 APPEND_BATCH_FROM = {"default": 0, "always": 16}
 #: What a run can measure: the stack under each sync setting, rebuilds, state memory.
 PARTS = frozenset({*MODES, "rebuild", "memory"})
@@ -151,6 +152,9 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
         log = await EventLog.connect(server.url, name="bench")
         await log.ensure_stream()
         out["append_batch_from"] = APPEND_BATCH_FROM[mode]
+        # The benchmark's client sends the spawns as a user's producer would, with the same
+        # setting as the services (`GroveClient.connect` reads GROVE_APPEND_BATCH_FROM too).
+        log.acks.batch_from = out["append_batch_from"]
         note(f"{mode}: starting the stack (GROVE_APPEND_BATCH_FROM={out['append_batch_from']})")
         env = {"GROVE_APPEND_BATCH_FROM": str(out["append_batch_from"])}
         async with plane.running_stack(folder / mode / "stack", server.url, spawners, env) as stack:

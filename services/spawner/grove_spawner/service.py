@@ -108,7 +108,10 @@ NAME = "spawner"
 PROJECTION_KINDS = FOLDED_KINDS | {"spawn", "control"}
 HEARTBEAT_SUBJECT = rpc_subject("spawner", "heartbeat")
 #: Admissions handled at once (the others wait their turn, in the order they were folded).
-START_CONCURRENCY = 64
+#: Where the server syncs every write, a start waits on its `started` being synced; the more
+#: starts wait at once, the more of their appends share one atomic batch (`bench/README.md`,
+#: item 70). On two cores, 256 started as many agents a second as 64 did with the default sync.
+START_CONCURRENCY = 256
 #: How often a spawner looks over the admissions waiting for a start (`look_over_admissions`).
 ADMISSIONS_LOOK_S = 1.0
 #: A spawner shares the admissions with the peers heard from within this many heartbeat
