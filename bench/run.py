@@ -167,7 +167,9 @@ async def durability_run(mode: str, counts: Counts, folder: Path, spawners: int)
             pids = plane.stack_pids(stack, server.process.pid if server.process else None)
             async with plane.watching(log, starts=False) as ends:
                 cpu_before, client_before = plane.stack_cpu(pids), time.process_time()
+                batches_before = log.acks.batches
                 out["burst"] = await plane.burst(log, ends, counts.burst_agents, counts.timeout_s)
+                out["burst"]["client_batches"] = log.acks.batches - batches_before
                 ended = out["burst"]["ended"]
                 out["burst"]["cpu_ms_per_agent"] = cpu_per_agent(
                     cpu_before, plane.stack_cpu(pids), ended

@@ -42,6 +42,9 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert runs["default"]["server"]["sync_always"] is False
     assert runs["always"]["server"]["sync_always"] is True
     assert (runs["default"]["append_batch_from"], runs["always"]["append_batch_from"]) == (0, 16)
+    # The client's spawns go out as a producer under that setting sends them.
+    assert runs["default"]["burst"]["client_batches"] == 0
+    assert runs["always"]["burst"]["client_batches"] > 0
     counts = results["meta"]["counts"]
     for run in runs.values():
         for trip in (
