@@ -164,7 +164,9 @@ def render(results: dict[str, Any]) -> str:
         server = run["server"]
         parts.append(
             f"nats-server {server['version']} [{mode}]: sync_always={server['sync_always']}, "
-            f"sync_interval={server['sync_interval_s']:g}s; the services' and the client's "
+            f"sync_interval={server['sync_interval_s']:g}s, "
+            f"GOMAXPROCS={server.get('gomaxprocs')} of {server.get('cores')} cores; "
+            f"the services' and the client's "
             f"GROVE_APPEND_BATCH_FROM={run.get('append_batch_from', 0)}"
         )
     parts.append(

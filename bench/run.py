@@ -92,7 +92,8 @@ PARTS = frozenset({*MODES, "rebuild", "memory"})
 
 
 def server_sync(server: LocalNatsServer) -> dict[str, Any]:
-    """The server's JetStream sync setting and version, as its /varz reports them."""
+    """The server's JetStream sync setting, version and Go scheduler slots (`GOMAXPROCS`)
+    against the machine's cores, as its /varz reports them."""
     url = f"http://{server.host}:{server.monitor_port}/varz"
     with urllib.request.urlopen(url, timeout=5) as resp:
         varz = json.load(resp)
@@ -101,6 +102,8 @@ def server_sync(server: LocalNatsServer) -> dict[str, Any]:
         "version": varz.get("version"),
         "sync_always": bool(config.get("sync_always", False)),
         "sync_interval_s": config.get("sync_interval", 0) / 1e9,
+        "gomaxprocs": varz.get("gomaxprocs"),
+        "cores": varz.get("cores"),
     }
 
 

@@ -41,6 +41,7 @@ def test_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     runs = results["runs"]
     assert runs["default"]["server"]["sync_always"] is False
     assert runs["always"]["server"]["sync_always"] is True
+    assert all(run["server"]["gomaxprocs"] >= 1 for run in runs.values())
     assert (runs["default"]["append_batch_from"], runs["always"]["append_batch_from"]) == (0, 16)
     # The client's spawns go out as a producer under that setting sends them.
     assert runs["default"]["burst"]["client_batches"] == 0

@@ -3,6 +3,7 @@ error, and a `local_nats` test gets a server process it can crash and restart.""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -150,3 +151,36 @@ def test_a_cluster_that_cannot_start_leaves_no_node_running(
             assert node.process is None or node.process.poll() is not None
     finally:
         cluster.stop()  # what a failing check finds running
+
+
+def reported_go_max_procs(server: LocalNatsServer) -> int:
+    """The Go scheduler slots the running server reports on /varz."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz") as resp:
+        return int(json.load(resp)["gomaxprocs"])
+
+
+@pytest.mark.parametrize(("cores", "slots"), [(1, 1), (2, 1), (3, 1), (8, 4)])
+def test_a_local_server_takes_half_the_cores_for_its_scheduler(
+    monkeypatch: pytest.MonkeyPatch, cores: int, slots: int
+) -> None:
+    monkeypatch.setattr(natsserver.os, "sched_getaffinity", lambda pid: set(range(cores)))
+
+    assert natsserver.shared_go_max_procs() == slots
+
+
+def test_a_local_server_runs_with_half_the_cores_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    with LocalNatsServer(tmp_path / "shared") as shared:
+        assert reported_go_max_procs(shared) == natsserver.shared_go_max_procs()
+
+    other = natsserver.shared_go_max_procs() + 1
+    monkeypatch.setenv("GOMAXPROCS", str(other))
+    with LocalNatsServer(tmp_path / "from-env") as from_env:
+        assert reported_go_max_procs(from_env) == other
+    with LocalNatsServer(tmp_path / "given", go_max_procs=other + 1) as given:
+        assert reported_go_max_procs(given) == other + 1
+
+    with pytest.raises(ValueError, match="go_max_procs must be at least 1, not 0"):
+        LocalNatsServer(tmp_path / "none", go_max_procs=0)

@@ -42,6 +42,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def shared_go_max_procs() -> int:
+    """How many cores a local nats-server's Go scheduler runs on (`GOMAXPROCS`): half of the
+    cores this process may use, at least one.
+
+    A local server shares its machine with the services, each a Python process that runs on
+    one core at a time. With a scheduler slot per core, Go wakes another thread to look for
+    work as work comes in, and lets it spin before it sleeps: CPU the services need. On two
+    cores, one slot instead of two served the same pipelined publishes at the same rate with
+    half the context switches and 7 µs of CPU per message instead of 9 or 10, and took the
+    server's CPU per agent of a burst down by about a fifth (bench/README.md, item 71).
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // 2)
+
+
 #: How many times a start chooses its ports again when another process took one first.
 PORT_ATTEMPTS = 5
 #: What nats-server logs when a port it should listen on is taken.
@@ -77,7 +92,14 @@ class LocalNatsServer:
     env: dict[str, str] = field(default_factory=dict)
     #: More command line options (a cluster node's name and routes).
     extra_args: list[str] = field(default_factory=list)
+    #: Go's `GOMAXPROCS` for the server. None: the environment's `GOMAXPROCS` where it is
+    #: set, else `shared_go_max_procs()`.
+    go_max_procs: int | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.go_max_procs is not None and self.go_max_procs < 1:
+            raise ValueError(f"go_max_procs must be at least 1, not {self.go_max_procs}")
 
     @property
     def url(self) -> str:
@@ -139,7 +161,7 @@ class LocalNatsServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env={**os.environ, **self.env} if self.env else None,
+            env=self._environment(),
             # Its own process group: a Ctrl-C at the terminal reaches whoever started it, who
             # stops the services first and the server last, not the server at once.
             start_new_session=True,
@@ -166,6 +188,15 @@ class LocalNatsServer:
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server did not become healthy in {timeout}s (see {log_path})")
+
+    def _environment(self) -> dict[str, str]:
+        """The server process's environment: this one's, its `GOMAXPROCS`, then `env`."""
+        env = dict(os.environ)
+        if self.go_max_procs is not None:
+            env["GOMAXPROCS"] = str(self.go_max_procs)
+        elif not env.get("GOMAXPROCS"):
+            env["GOMAXPROCS"] = str(shared_go_max_procs())
+        return {**env, **self.env}
 
     def _sync_always_config(self) -> Path:
         """A config file that syncs every JetStream write to disk before it is acknowledged
